@@ -1,0 +1,307 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Who holds the GPU device files: discovery from /proc, NVML cross-check, and the kill plan.
+
+Holders are matched by file identity, as fuser does: an open fd by st_rdev for device nodes
+(st_dev + st_ino for other files), an mmap by the (device, inode) pair /proc/<pid>/maps shows.
+Paths never decide anything, so renamed or bind-mounted nodes are still found.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat as stat_mode
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import EXITED_STATES, ProcessGone, ProcReader, describe, pid_directories
+
+DEFAULT_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*")
+NVIDIA_MAJOR = 195  # fixed by the driver; per-GPU nodes are minors 0..253 (254 modeset, 255 nvidiactl)
+FIRST_SHARED_MINOR = 254
+GPU_NODE_NAME = re.compile(r"^nvidia(\d+)$")
+INIT_PID_NAMESPACE = "pid:[4026531836]"  # PROC_PID_INIT_INO
+
+# Never signalled whatever the options: NVIDIA and infrastructure daemons that hold GPUs legitimately.
+BUILTIN_PROTECTED_NAMES = (
+    "nvidia-persistenced", "nv-hostengine", "nvidia-fabricmanager", "nv-fabricmanager", "dcgm-exporter",
+    "nvidia-imex", "nvidia-gridd", "nvidia-topologyd", "nvlsm", "Xorg", "Xwayland", "sshd", "systemd",
+    "containerd-shim", "containerd", "dockerd",
+    # Ansible controllers on a local connection: an async task's module is detached from them, so
+    # they are not its ancestors, yet they run the play (and inherit whatever fds their shell held).
+    "ansible-playbook", "ansible", "ansible-pull",
+)
+COMM_LENGTH = 15  # the kernel cuts comm to TASK_COMM_LEN - 1
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    path: str
+    fd_key: tuple  # what an open fd is compared by
+    map_key: tuple  # (st_dev, st_ino) as /proc/<pid>/maps shows a mapping of this file
+    gpu_minor: int | None  # None for nodes shared by all GPUs (nvidiactl, nvidia-uvm, caps)
+
+
+def device_nodes(patterns: list[str], gpu_major: int = NVIDIA_MAJOR) -> list[DeviceNode]:
+    nodes = {}
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            if stat_mode.S_ISDIR(info.st_mode) or path in nodes:
+                continue
+            nodes[path] = _device_node(path, info, gpu_major)
+    return list(nodes.values())
+
+
+def _device_node(path: str, info: os.stat_result, gpu_major: int) -> DeviceNode:
+    is_device = stat_mode.S_ISCHR(info.st_mode) or stat_mode.S_ISBLK(info.st_mode)
+    if is_device:
+        fd_key = ("rdev", info.st_rdev)
+        per_gpu = os.major(info.st_rdev) == gpu_major and os.minor(info.st_rdev) < FIRST_SHARED_MINOR
+        gpu_minor = os.minor(info.st_rdev) if per_gpu else None
+    else:
+        # stand-in files (simulated nodes, tests): the per-GPU ones are named nvidia<minor>
+        fd_key = ("inode", info.st_dev, info.st_ino)
+        match = GPU_NODE_NAME.match(os.path.basename(path))
+        gpu_minor = int(match.group(1)) if match else None
+    return DeviceNode(path, fd_key, (info.st_dev, info.st_ino), gpu_minor)
+
+
+def fd_key_of(info: os.stat_result) -> tuple:
+    if stat_mode.S_ISCHR(info.st_mode) or stat_mode.S_ISBLK(info.st_mode):
+        return ("rdev", info.st_rdev)
+    return ("inode", info.st_dev, info.st_ino)
+
+
+def parse_maps_identities(text: str) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file-backed mapping in /proc/<pid>/maps."""
+    found = set()
+    for line in text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[4] == "0":
+            continue
+        major, _, minor = fields[3].partition(":")
+        found.add((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
+    return found
+
+
+@dataclass
+class Holding:
+    pid: int
+    via: set[str] = field(default_factory=set)  # fd, mmap, nvml
+    devices: set[str] = field(default_factory=set)
+    gpus: set[int] = field(default_factory=set)  # NVML indexes
+
+
+@dataclass
+class ScanResult:
+    holdings: dict[int, Holding] = field(default_factory=dict)
+    unreadable: Counter = field(default_factory=Counter)  # /proc entries that could not be read, by reason
+    minor_by_path: dict[str, int | None] = field(default_factory=dict)
+
+
+class HolderScanner:
+    """Finds which processes hold any of `nodes` open or mapped."""
+
+    def __init__(self, nodes: list[DeviceNode], reader: ProcReader | None = None):
+        self.reader = reader or ProcReader()
+        self.by_fd_key = {node.fd_key: node for node in nodes}
+        self.by_map_key = {node.map_key: node for node in nodes}
+        self.minor_by_path = {node.path: node.gpu_minor for node in nodes}
+
+    def scan(self, pids: list[int] | None = None) -> ScanResult:
+        result = ScanResult(minor_by_path=self.minor_by_path)
+        for pid in pid_directories(self.reader.root) if pids is None else pids:
+            holding = self.scan_process(pid, result.unreadable)
+            if holding is not None:
+                result.holdings[pid] = holding
+        return result
+
+    def scan_process(self, pid: int, unreadable: Counter) -> Holding | None:
+        holding = Holding(pid)
+        try:
+            state = self.reader.stat(pid).state
+            base = self._live_view(pid, state)
+            self._scan_fds(base, holding)
+            if state == "D":
+                unreadable["maps_skipped_uninterruptible"] += 1  # reading maps can block on a wedged task
+            else:
+                self._scan_maps(base, holding)
+        except (ProcessGone, FileNotFoundError, ProcessLookupError):
+            unreadable["vanished"] += 1
+            return None
+        except PermissionError:
+            unreadable["permission_denied"] += 1
+        except (ValueError, IndexError):
+            unreadable["unparsable"] += 1
+            return None
+        return holding if holding.via else None
+
+    def _live_view(self, pid: int, state: str) -> str:
+        """/proc directory showing the process's files and mappings.
+
+        A zombie leader has dropped its own view of them, but its live threads still hold them:
+        read those through one of the threads (fuser misses such holders).
+        """
+        if state in EXITED_STATES:
+            for tid in sorted(os.listdir(self.reader.path(pid, "task"))):
+                if tid != str(pid):
+                    return self.reader.path(pid, "task", tid)
+        return self.reader.path(pid)
+
+    def _scan_fds(self, base: str, holding: Holding) -> None:
+        with os.scandir(os.path.join(base, "fd")) as entries:
+            for entry in entries:
+                try:
+                    node = self.by_fd_key.get(fd_key_of(os.stat(entry.path)))
+                except OSError:
+                    continue  # closed meanwhile, or a dangling anon inode
+                if node is not None:
+                    holding.via.add("fd")
+                    holding.devices.add(node.path)
+
+    def _scan_maps(self, base: str, holding: Holding) -> None:
+        with open(os.path.join(base, "maps"), encoding="utf-8", errors="replace") as maps:
+            identities = parse_maps_identities(maps.read())
+        for identity in identities:
+            node = self.by_map_key.get(identity)
+            if node is not None:
+                holding.via.add("mmap")
+                holding.devices.add(node.path)
+
+
+def in_init_pid_namespace() -> bool:
+    try:
+        return os.readlink("/proc/self/ns/pid") == INIT_PID_NAMESPACE
+    except OSError:
+        return True
+
+
+def protected_name(comm: str, exe: str | None, names: list[str]) -> str | None:
+    """The protected name this process carries as comm (cut at 15 characters) or executable name."""
+    exe_name = os.path.basename(exe.removesuffix(" (deleted)")) if exe else None
+    for name in names:
+        if comm == name[:COMM_LENGTH] or exe_name == name:
+            return name
+    return None
+
+
+@dataclass
+class Guard:
+    """Processes that are never signalled, with the reason reported for each."""
+
+    names: list[str]
+    self_pid: int
+    ancestors: set[int]
+    descendants: set[int]
+    pids: set[int] = field(default_factory=set)
+
+    def reason(self, info: dict, is_kernel_thread: bool) -> str | None:
+        pid = info["pid"]
+        if pid == 1:
+            return "PID 1"
+        if is_kernel_thread:
+            return "kernel thread"
+        if pid == self.self_pid:
+            return "this module's own process"
+        if pid in self.ancestors:
+            return "ancestor of this module (the connection or command that runs it)"
+        if pid in self.descendants:
+            return "child of this module"
+        if pid in self.pids:
+            return "listed in protected_pids"
+        name = protected_name(info["comm"], info["exe"], self.names)
+        return f"protected name {name}" if name else None
+
+
+@dataclass
+class NvmlProcess:
+    gpu: int
+    pid: int
+    used_mib: int | None
+    kind: str
+
+
+@dataclass
+class KillPlan:
+    holders: list[dict] = field(default_factory=list)
+    targets: list[dict] = field(default_factory=list)
+    protected: list[dict] = field(default_factory=list)
+    stale_nvml_pids: list[dict] = field(default_factory=list)
+    unreadable: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def cross_check_nvml(listed: list[NvmlProcess], scanner: HolderScanner, scan: ScanResult, reader: ProcReader) -> list[dict]:
+    """Add NVML-listed PIDs that /proc confirms as holders; return the ones it does not (stale)."""
+    stale = []
+    for process in listed:
+        holding = scan.holdings.get(process.pid)
+        if holding is None and process.pid > 1 and reader.is_process(process.pid):
+            holding = scanner.scan_process(process.pid, scan.unreadable)
+            if holding is not None:
+                scan.holdings[process.pid] = holding
+        if holding is None:
+            stale.append({"pid": process.pid, "gpu": process.gpu, "used_mib": process.used_mib,
+                          "reason": _stale_reason(process.pid, reader)})
+            continue
+        holding.via.add("nvml")
+        holding.gpus.add(process.gpu)
+    return stale
+
+
+def _stale_reason(pid: int, reader: ProcReader) -> str:
+    if pid <= 1:
+        return "implausible PID"
+    try:
+        status = reader.status(pid)
+    except (ProcessGone, PermissionError):
+        return "no such process"
+    if status.get("Tgid") != str(pid):
+        return "a thread id, not a process"
+    return "PID now belongs to a process that holds no GPU device (reused)"
+
+
+def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index: dict[int, int] | None,
+              selected_minors: set[int] | None, selected_indexes: set[int] | None) -> KillPlan:
+    """Describe every holder of the selected GPUs and split them into targets and protected."""
+    plan = KillPlan(unreadable=dict(scan.unreadable))
+    for pid in sorted(scan.holdings):
+        holding = scan.holdings[pid]
+        if minor_to_index is not None:
+            holding.gpus |= {minor_to_index[minor] for minor in _minors(holding, scan) if minor in minor_to_index}
+        if not _holds_selection(holding, scan, selected_minors, selected_indexes):
+            continue
+        try:
+            info = describe(reader, pid)
+            is_kernel_thread = reader.stat(pid).is_kernel_thread
+        except (ProcessGone, PermissionError):
+            plan.unreadable["vanished"] = plan.unreadable.get("vanished", 0) + 1
+            continue
+        info.update(via=sorted(holding.via), devices=sorted(holding.devices), gpus=sorted(holding.gpus))
+        plan.holders.append(info)
+        reason = guard.reason(info, is_kernel_thread)
+        if reason:
+            plan.protected.append(dict(info, reason=reason))
+        else:
+            plan.targets.append(info)
+    return plan
+
+
+def _minors(holding: Holding, scan: ScanResult) -> set[int]:
+    return {scan.minor_by_path[path] for path in holding.devices if scan.minor_by_path.get(path) is not None}
+
+
+def _holds_selection(holding: Holding, scan: ScanResult, selected_minors: set[int] | None, selected_indexes: set[int] | None) -> bool:
+    if selected_minors is None:
+        return True
+    return bool(_minors(holding, scan) & selected_minors) or bool(holding.gpus & (selected_indexes or set()))

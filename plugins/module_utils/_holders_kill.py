@@ -1,0 +1,162 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""gpu_holders_kill without Ansible: validate the request, observe holders, apply the plan."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
+    BUILTIN_PROTECTED_NAMES,
+    DEFAULT_DEVICE_GLOBS,
+    Guard,
+    HolderScanner,
+    KillPlan,
+    NvmlProcess,
+    ScanResult,
+    cross_check_nvml,
+    device_nodes,
+    in_init_pid_namespace,
+    plan_kill,
+)
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
+
+SOURCES = ("proc", "nvml")
+
+
+@dataclass(frozen=True)
+class KillRequest:
+    gpus: list[str] | None
+    device_paths: list[str]
+    sources: list[str]
+    protected: list[str]
+    protected_pids: list[int]
+    term_timeout: float
+    kill_timeout: float
+    max_targets: int
+    nvml_timeout: float
+    lock_timeout: float
+
+    @classmethod
+    def from_params(cls, params: dict, reader: ProcReader) -> KillRequest:
+        validate_gpu_selectors(params.get("gpus"))
+        sources = params.get("sources") or list(SOURCES)
+        if not sources:
+            raise InvalidInput("sources: give at least one of proc, nvml")
+        device_paths = params.get("device_paths") or list(DEFAULT_DEVICE_GLOBS)
+        for pattern in device_paths:
+            if not os.path.isabs(pattern) or "\0" in pattern or "\n" in pattern:
+                raise InvalidInput(f"device_paths: {pattern!r} is not an absolute path or glob")
+        protected = list(params.get("protected") or [])
+        for name in protected:
+            if not name or "/" in name or not name.isprintable():
+                raise InvalidInput(f"protected: {name!r} is not a process name (a comm or executable name, without '/')")
+        return cls(
+            gpus=params.get("gpus") or None,
+            device_paths=device_paths,
+            sources=sources,
+            protected=list(BUILTIN_PROTECTED_NAMES) + protected,
+            protected_pids=[_protected_pid(pid, reader) for pid in params.get("protected_pids") or []],
+            term_timeout=non_negative("term_timeout", params["term_timeout"]),
+            kill_timeout=non_negative("kill_timeout", params["kill_timeout"]),
+            max_targets=positive_int("max_targets", params["max_targets"]),
+            nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
+            lock_timeout=non_negative("lock_timeout", params["lock_timeout"]),
+        )
+
+    @property
+    def needs_nvml(self) -> bool:
+        return "nvml" in self.sources or bool(self.gpus)
+
+
+def _protected_pid(pid: int, reader: ProcReader) -> int:
+    if pid <= 1:
+        raise InvalidInput(f"protected_pids: {pid} is not a valid process id (PID 1 and below are always protected)")
+    if os.path.exists(reader.path(pid)) and not reader.is_process(pid):
+        raise InvalidInput(f"protected_pids: {pid} is a thread id, not a process: give its process id (Tgid)")
+    return pid
+
+
+@dataclass
+class Observation:
+    plan: KillPlan
+    inventory: dict | None
+    warnings: list[str]
+
+
+def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None) -> Observation:
+    """Find every holder of the selected GPUs and decide, for each, target or protected."""
+    warnings = []
+    inventory = None
+    if request.needs_nvml:
+        with nvml_client_factory(request.nvml_timeout) as nvml:  # closed before the scan: its worker holds the devices
+            inventory = nvml.inventory()
+    selected_indexes = set(select_gpus(request.gpus, inventory)) if request.gpus else None
+    minor_to_index = {gpu["minor"]: gpu["index"] for gpu in inventory["gpus"] if "minor" in gpu} if inventory else None
+    selected_minors = None
+    if selected_indexes is not None:
+        selected_minors = {gpu["minor"] for gpu in inventory["gpus"] if gpu["index"] in selected_indexes and "minor" in gpu}
+
+    nodes = device_nodes(request.device_paths)
+    if not nodes:
+        warnings.append(f"no device file matches {', '.join(request.device_paths)}")
+    scanner = HolderScanner(nodes, reader)
+    scan = scanner.scan() if "proc" in request.sources else ScanResult(minor_by_path=scanner.minor_by_path)
+    stale = []
+    if "nvml" in request.sources and inventory:
+        listed = [NvmlProcess(gpu["index"], p["pid"], p["used_mib"], p["type"]) for gpu in inventory["gpus"] for p in gpu["processes"]
+                  if selected_indexes is None or gpu["index"] in selected_indexes]
+        stale = cross_check_nvml(listed, scanner, scan, reader)
+        if not in_init_pid_namespace():
+            warnings.append("this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs were used only where /proc confirms a holder")
+    if inventory is None:
+        warnings.append("NVML not queried: holders are reported by device file, without GPU indexes")
+
+    self_pid = self_pid or os.getpid()
+    guard = Guard(names=request.protected, self_pid=self_pid, ancestors={stat.pid for stat in reader.ancestors(self_pid)},
+                  descendants=reader.descendants(self_pid), pids=set(request.protected_pids))
+    plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes)
+    plan.stale_nvml_pids = stale
+    plan.warnings = warnings + _unit_warnings(plan)
+    return Observation(plan, inventory, warnings)
+
+
+def _unit_warnings(plan: KillPlan) -> list[str]:
+    """A holder inside a service may be restarted by systemd: stopping the unit first is the cure."""
+    units = sorted({target["unit"] for target in plan.targets if (target.get("unit") or "").endswith(".service")})
+    return [f"holders run in {unit}: stop it with gpufleet.serving.systemd_stop_hard first, or systemd may restart them" for unit in units]
+
+
+def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
+    """Signal every target (TERM+CONT, then KILL) and report what happened to each."""
+    by_pid = {target["pid"]: target for target in plan.targets}
+    outcome = terminate_then_kill(signaller, [ProcessIdentity(t["pid"], t["start_time"]) for t in plan.targets],
+                                  request.term_timeout, request.kill_timeout)
+    return {
+        "terminated": [by_pid[identity.pid] for identity in outcome.terminated],
+        "killed": [by_pid[identity.pid] for identity in outcome.killed],
+        "survivors": [survivor_report(signaller.reader, identity, by_pid[identity.pid]) for identity in outcome.survivors],
+        "not_signalled": outcome.not_signalled,
+        "signals": outcome.signals,
+    }
+
+
+def plan_result(plan: KillPlan) -> dict:
+    return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected,
+            "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
+
+
+def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:
+    if len(plan.targets) <= request.max_targets:
+        return None
+    return (f"{len(plan.targets)} processes would be signalled, more than max_targets={request.max_targets}: nothing was signalled. "
+            "A plan this large is usually a selection mistake; see `targets` in the result")

@@ -1,0 +1,221 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Is a GPU clean? Thresholds on NVML readings, and why a dirty GPU is dirty."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader, describe
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, non_negative_int
+
+# Only when NVML's v2 memory query is missing: v1 `used` includes the driver reserve
+# (615 MiB on an idle H200, up to ~1 GiB on other parts), so that much is subtracted.
+DEFAULT_V1_RESERVE_MIB = 1024
+FATAL_STATUSES = ("lost", "reset_required", "error")
+
+HOLDER_PRESENT = "holder_present"
+NO_HOLDER_FOUND = "no_holder_found"
+GPU_LOST = "gpu_lost"
+RESET_REQUIRED = "reset_required"
+NVML_ERROR = "nvml_error"
+NVML_HUNG = "nvml_hung"
+
+EXPLANATIONS = {
+    HOLDER_PRESENT: "a process still holds the GPU",
+    NO_HOLDER_FOUND: "memory used but no process holds the GPU: memory leaked (CUDA IPC, driver); a GPU reset may be needed",
+    GPU_LOST: "NVML reports the GPU lost (fallen off the bus): the node needs attention, a reboot in practice",
+    RESET_REQUIRED: "NVML reports that the GPU requires a reset",
+    NVML_ERROR: "NVML could not read the GPU",
+    NVML_HUNG: "NVML did not answer (driver hung?)",
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_used_mib: int
+    max_processes: int | None = None
+    v1_reserve_mib: int = DEFAULT_V1_RESERVE_MIB
+
+
+def comparable_used_mib(gpu: dict, v1_reserve_mib: int) -> int | None:
+    """The `used` figure the threshold applies to: v2 as reported, v1 less the documented reserve."""
+    if gpu.get("used_mib") is None:
+        return None
+    if gpu.get("memory_api") == "v1":
+        return max(0, gpu["used_mib"] - v1_reserve_mib)
+    return gpu["used_mib"]
+
+
+@dataclass
+class Assessment:
+    gpus: list[dict] = field(default_factory=list)  # per selected GPU, with `clean` and `problems`
+    dirty: list[int] = field(default_factory=list)
+    fatal: list[int] = field(default_factory=list)  # will not get better by waiting
+
+    @property
+    def passed(self) -> bool:
+        return not self.dirty
+
+
+def assess(inventory: dict, selected: list[int], limits: Limits) -> Assessment:
+    assessment = Assessment()
+    by_index = {gpu["index"]: gpu for gpu in inventory["gpus"]}
+    for index in selected:
+        gpu = dict(by_index[index])
+        used = comparable_used_mib(gpu, limits.v1_reserve_mib)
+        problems = []
+        if gpu["status"] != "ok":
+            problems.append(f"NVML status {gpu['status']}: {gpu.get('error', '')}".rstrip(": "))
+        if used is not None and used > limits.max_used_mib:
+            problems.append(f"{used} MiB used > max_used_mib {limits.max_used_mib}")
+        if limits.max_processes is not None and len(gpu.get("processes", [])) > limits.max_processes:
+            problems.append(f"{len(gpu['processes'])} processes > max_processes {limits.max_processes}")
+        gpu.update(clean=not problems, problems=problems, compared_used_mib=used)
+        assessment.gpus.append(gpu)
+        if problems:
+            assessment.dirty.append(index)
+            if gpu["status"] in FATAL_STATUSES:
+                assessment.fatal.append(index)
+    return assessment
+
+
+def classify(gpu: dict, proc_holders: list[dict]) -> str:
+    """Why a dirty GPU is dirty, from NVML status and the /proc holders of its device node."""
+    if gpu["status"] == "lost":
+        return GPU_LOST
+    if gpu["status"] == "reset_required":
+        return RESET_REQUIRED
+    if gpu["status"] != "ok":
+        return NVML_ERROR
+    return HOLDER_PRESENT if proc_holders else NO_HOLDER_FOUND
+
+
+def failure_message(assessment: Assessment, details: dict[int, dict], timeout: float) -> str:
+    """One line per dirty GPU: used MiB, holders from /proc and NVML, classification."""
+    lines = [f"{len(assessment.dirty)} of {len(assessment.gpus)} GPU(s) not clean after {timeout:g}s:"]
+    for gpu in assessment.gpus:
+        if gpu["clean"]:
+            continue
+        detail = details.get(gpu["index"], {})
+        proc = ", ".join(f"{h['pid']} ({h['comm']}, state {h['state']})" for h in detail.get("proc_holders", [])) or "none"
+        listed = ", ".join(
+            f"{p['pid']}{' (stale: ' + p['stale'] + ')' if p.get('stale') else ''}" for p in detail.get("nvml_processes", [])) or "none"
+        lines.append(
+            f"GPU {gpu['index']} ({gpu.get('uuid', '?')}, bus {gpu.get('bus_id', '?')}): {'; '.join(gpu['problems'])}; "
+            f"holders in /proc: {proc}; NVML processes: {listed}; {detail.get('classification')}: "
+            f"{EXPLANATIONS.get(detail.get('classification'), '')}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    gpus: list[str] | None
+    expected_count: int | None
+    limits: Limits
+    timeout: float
+    interval: float
+    nvml_timeout: float
+    device_paths: list[str]
+
+    @classmethod
+    def from_params(cls, params: dict) -> MemoryRequest:
+        validate_gpu_selectors(params.get("gpus"))
+        max_used = params["max_used_mib"]
+        if isinstance(max_used, bool) or not isinstance(max_used, int) or max_used < 0:
+            raise InvalidInput(f"max_used_mib: must be a whole number of MiB, at least 0, got {max_used!r}")
+        interval = non_negative("interval", params["interval"], minimum_exclusive=True)
+        return cls(
+            gpus=params.get("gpus") or None,
+            expected_count=non_negative_int("expected_count", params.get("expected_count")),
+            limits=Limits(max_used, non_negative_int("max_processes", params.get("max_processes")),
+                          non_negative_int("v1_reserve_mib", params["v1_reserve_mib"])),
+            timeout=non_negative("timeout", params["timeout"]),
+            interval=interval,
+            nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
+            device_paths=params.get("device_paths") or list(DEFAULT_DEVICE_GLOBS),
+        )
+
+
+def check_inventory(request: MemoryRequest, inventory: dict) -> list[int]:
+    """Checks that cannot improve by waiting: GPU count, selection, threshold above a GPU's size."""
+    count = len(inventory["gpus"])
+    if request.expected_count is not None and count != request.expected_count:
+        seen = ", ".join(f"{gpu['index']}={gpu.get('bus_id', '?')}" for gpu in inventory["gpus"]) or "none"
+        raise GpuCountMismatch(f"expected {request.expected_count} GPU(s), NVML sees {count} (a GPU fell off the bus or is hidden); seen: {seen}",
+                               gpu_count=count, expected_count=request.expected_count)
+    selected = select_gpus(request.gpus, inventory)
+    for gpu in inventory["gpus"]:
+        if gpu["index"] in selected and gpu.get("total_mib") and request.limits.max_used_mib > gpu["total_mib"]:
+            raise InvalidInput(f"max_used_mib: {request.limits.max_used_mib} MiB is more than GPU {gpu['index']}'s total of {gpu['total_mib']} MiB")
+    return selected
+
+
+class GpuCountMismatch(Error):
+    """NVML sees another number of GPUs than the inventory expects."""
+
+
+@dataclass
+class WatchResult:
+    assessment: Assessment
+    attempts: int
+    elapsed: float
+    timed_out: bool
+
+
+def watch(inventory_of, request: MemoryRequest, selected: list[int], first: dict, clock: Clock | None = None) -> WatchResult:
+    """Poll NVML until every selected GPU is clean, a GPU fails for good, or the deadline passes."""
+    pending = [first]
+
+    def probe() -> Assessment:
+        return assess(pending.pop() if pending else inventory_of(), selected, request.limits)
+
+    outcome = poll_until(probe, lambda a: a.passed, request.timeout, request.interval, clock, stop_early=lambda a: bool(a.fatal))
+    return WatchResult(outcome.value, outcome.attempts, outcome.elapsed, timed_out=not outcome.satisfied and not outcome.value.fatal)
+
+
+def explain_dirty(assessment: Assessment, holders_by_minor: dict[int, list[dict]], proc_confirmed: set[int]) -> dict[int, dict]:
+    """Per dirty GPU: its /proc holders, NVML processes marked stale when /proc does not confirm them, a classification."""
+    details = {}
+    for gpu in assessment.gpus:
+        if gpu["clean"]:
+            continue
+        proc_holders = holders_by_minor.get(gpu.get("minor"), [])
+        nvml_processes = [dict(p, stale=None if p["pid"] in proc_confirmed else "not a live holder in /proc") for p in gpu.get("processes", [])]
+        details[gpu["index"]] = {"proc_holders": proc_holders, "nvml_processes": nvml_processes,
+                                 "classification": classify(gpu, proc_holders)}
+    return details
+
+
+def holders_by_minor(device_paths: list[str], reader: ProcReader, exclude: set[int]) -> tuple[dict[int, list[dict]], set[int]]:
+    """/proc holders of each per-GPU device node (by minor), and every holder pid; `exclude` is this module and its children."""
+    scanner = HolderScanner(device_nodes(device_paths), reader)
+    scan = scanner.scan()
+    grouped: dict[int, list[dict]] = {}
+    for pid, holding in sorted(scan.holdings.items()):
+        if pid in exclude:
+            continue
+        try:
+            info = describe(reader, pid)
+        except (ProcessGone, PermissionError):
+            continue
+        info["via"] = sorted(holding.via)
+        for minor in {scan.minor_by_path.get(path) for path in holding.devices} - {None}:
+            grouped.setdefault(minor, []).append(info)
+    return grouped, set(scan.holdings) - exclude
+
+
+REPORT_KEYS = ("index", "uuid", "name", "bus_id", "minor", "status", "total_mib", "used_mib", "reserved_mib", "memory_api",
+               "compared_used_mib", "processes", "clean", "problems")
+
+
+def gpu_report(assessment: Assessment) -> list[dict]:
+    return [{key: gpu.get(key) for key in REPORT_KEYS} for gpu in assessment.gpus]

@@ -1,0 +1,249 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Reading processes from /proc: identity (pid, start time), state, ancestry, owning unit.
+
+Reads that can block on a wedged process (cmdline, maps) are skipped for tasks in D state,
+and every read tolerates the process vanishing or being unreadable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
+KTHREADD_PID = 2
+UNIT_SUFFIXES = (".service", ".scope")
+# States where the task is gone for our purposes unless other threads of its group live.
+EXITED_STATES = ("Z", "X", "x")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    start_time: int  # clock ticks after boot: with pid, the process identity
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD) or self.pid == KTHREADD_PID or self.ppid == KTHREADD_PID
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse /proc/<pid>/stat; comm may hold spaces and parentheses, so split at the last ')'."""
+    open_paren = text.index("(")
+    close_paren = text.rindex(")")
+    fields = text[close_paren + 2:].split()
+    return ProcStat(
+        pid=int(text[:open_paren]),
+        comm=text[open_paren + 1:close_paren],
+        state=fields[0],
+        ppid=int(fields[1]),
+        flags=int(fields[6]),
+        start_time=int(fields[19]),
+    )
+
+
+def parse_status(text: str) -> dict[str, str]:
+    status = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            status[key] = value.strip()
+    return status
+
+
+def parse_cgroup_unit(text: str) -> str | None:
+    """The innermost systemd unit (service or scope) in /proc/<pid>/cgroup.
+
+    systemd's own hierarchy is the named v1 one on legacy/hybrid hosts, the unified one otherwise.
+    """
+    paths = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            paths[parts[1]] = parts[2]
+    path = paths.get("name=systemd") or paths.get("") or ""
+    for component in reversed(path.split("/")):
+        if component.endswith(UNIT_SUFFIXES):
+            return component
+    return None
+
+
+def pid_directories(proc_root: str = "/proc") -> list[int]:
+    return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+
+
+class ProcReader:
+    """Reads one /proc tree. Every method raises ProcessGone when the process no longer exists."""
+
+    def __init__(self, root: str = "/proc"):
+        self.root = root
+
+    def path(self, pid: int, *parts: str) -> str:
+        return os.path.join(self.root, str(pid), *parts)
+
+    def _read(self, pid: int, name: str, binary: bool = False):
+        try:
+            with open(self.path(pid, name), "rb") as handle:
+                data = handle.read()
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise ProcessGone(pid) from exc
+        return data if binary else data.decode("utf-8", errors="replace")
+
+    def stat(self, pid: int) -> ProcStat:
+        text = self._read(pid, "stat")
+        if not text:
+            raise ProcessGone(pid)
+        return parse_stat(text)
+
+    def status(self, pid: int) -> dict[str, str]:
+        return parse_status(self._read(pid, "status"))
+
+    def cmdline(self, pid: int, state: str) -> list[str] | None:
+        """argv, or None when skipped: reading it can block on a task in D state."""
+        if state == "D":
+            return None
+        try:
+            raw = self._read(pid, "cmdline", binary=True)
+        except PermissionError:
+            return None
+        return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\0")[:-1]] if raw else []
+
+    def exe(self, pid: int) -> str | None:
+        try:
+            return os.readlink(self.path(pid, "exe"))
+        except FileNotFoundError:
+            # no executable: a kernel thread or a zombie; a vanished process shows in stat()
+            return None
+        except (PermissionError, ProcessLookupError, OSError):
+            return None
+
+    def unit(self, pid: int) -> str | None:
+        try:
+            return parse_cgroup_unit(self._read(pid, "cgroup"))
+        except (ProcessGone, PermissionError):
+            return None
+
+    def thread_count(self, pid: int) -> int:
+        try:
+            return len(os.listdir(self.path(pid, "task")))
+        except (FileNotFoundError, ProcessLookupError):
+            return 0
+        except PermissionError:
+            return 1
+
+    def wchan(self, pid: int) -> str | None:
+        try:
+            return self._read(pid, "wchan") or None
+        except (ProcessGone, PermissionError):
+            return None
+
+    def start_time(self, pid: int) -> int | None:
+        try:
+            return self.stat(pid).start_time
+        except (ProcessGone, PermissionError, ValueError, IndexError):
+            return None
+
+    def thread_group_alive(self, pid: int, start_time: int) -> bool:
+        """True while any thread of the process lives; a zombie leader with live threads is alive."""
+        try:
+            stat = self.stat(pid)
+        except (ProcessGone, ValueError, IndexError):
+            return False
+        if stat.start_time != start_time:
+            return False  # the PID now names another process
+        if stat.state not in EXITED_STATES:
+            return True
+        return self.thread_count(pid) > 1
+
+    def ancestors(self, pid: int) -> list[ProcStat]:
+        """pid's parent chain up to (excluding) PID 0; stops quietly where /proc cannot be read."""
+        chain = []
+        seen = set()
+        current = pid
+        while current > 0 and current not in seen:
+            seen.add(current)
+            try:
+                stat = self.stat(current)
+            except (ProcessGone, PermissionError, ValueError, IndexError):
+                break
+            chain.append(stat)
+            current = stat.ppid
+        return chain[1:]
+
+    def descendants(self, pid: int) -> set[int]:
+        """Every live descendant of pid (by parent links), e.g. the module's own NVML worker."""
+        children: dict[int, list[int]] = {}
+        for other in pid_directories(self.root):
+            try:
+                children.setdefault(self.stat(other).ppid, []).append(other)
+            except (ProcessGone, PermissionError, ValueError, IndexError):
+                continue
+        found: set[int] = set()
+        pending = [pid]
+        while pending:
+            for child in children.get(pending.pop(), []):
+                if child not in found:
+                    found.add(child)
+                    pending.append(child)
+        return found
+
+    def is_process(self, pid: int) -> bool:
+        """A thread id has a /proc entry too (not listed, but readable): require Tgid == pid."""
+        try:
+            return self.status(pid).get("Tgid") == str(pid)
+        except (ProcessGone, PermissionError):
+            return False
+
+
+class ProcessGone(Exception):
+    def __init__(self, pid: int):
+        super().__init__(f"process {pid} no longer exists")
+        self.pid = pid
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    start_time: int
+
+
+def describe(reader: ProcReader, pid: int) -> dict:
+    """The report of one process: identity, names, owner, unit, state. Raises ProcessGone."""
+    stat = reader.stat(pid)
+    try:
+        status = reader.status(pid)
+    except PermissionError:
+        status = {}
+    uid = status.get("Uid", "").split()
+    return {
+        "pid": pid,
+        "start_time": stat.start_time,
+        "comm": stat.comm,
+        "exe": reader.exe(pid),
+        "cmdline": reader.cmdline(pid, stat.state),
+        "uid": int(uid[0]) if uid else None,
+        "state": stat.state,
+        "ppid": stat.ppid,
+        "unit": reader.unit(pid),
+    }
+
+
+def survivor_details(reader: ProcReader, pid: int) -> dict:
+    """Why a process may still be there: state (D = uninterruptible), kernel wait channel, pending signals."""
+    details = {"wchan": reader.wchan(pid)}
+    try:
+        status = reader.status(pid)
+    except (ProcessGone, PermissionError):
+        return details
+    details["signals_pending"] = status.get("ShdPnd") or status.get("SigPnd")
+    details["threads"] = int(status.get("Threads", "0") or 0)
+    return details

@@ -1,0 +1,274 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_holders_kill
+short_description: Ensure no unprotected process holds the GPUs
+version_added: 0.1.0
+description:
+  - Finds every process that holds an NVIDIA device file open (C(/proc/<pid>/fd)) or mapped (C(/proc/<pid>/maps)),
+    matched by file identity as C(fuser) does, unioned with the processes NVML lists on the GPUs.
+  - NVML process lists are hints. A PID that NVML lists but C(/proc) does not confirm as a holder (dead, a thread id,
+    or reused by another process) is reported in RV(stale_nvml_pids) and never signalled.
+  - Each target is identified by its PID and start time and signalled through a pidfd where the kernel has them
+    (the start time is re-checked otherwise), so a recycled PID is never hit. Targets get SIGTERM followed by
+    SIGCONT (a stopped process acts on SIGTERM only once continued), then SIGKILL after O(term_timeout).
+  - A process has exited only when its whole thread group has; a zombie leader whose threads still run still holds the GPU.
+  - Never signalled, whatever the options - PID 1, kernel threads, this module's process, its ancestors (SSH session, sudo,
+    C(sh -c), C(ansible-playbook) on a local connection, C(async_wrapper)) and children, the built-in protected names
+    and O(protected).
+  - Fails when any target survives O(kill_timeout) after SIGKILL, for example a process in uninterruptible sleep (D state).
+author:
+  - gpufleet.serving contributors
+attributes:
+  check_mode:
+    support: full
+    details: Returns the full plan (RV(holders), RV(targets), RV(protected)) and signals nothing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  gpus:
+    description:
+      - GPUs to free, as NVML indexes (V(0), V(1), ...) or UUIDs (V(GPU-...)). Default is all GPUs.
+      - Indexes are NVML's order, which is not the C(/dev/nvidiaN) minor number; the module maps them through NVML.
+      - With a selection, a process that holds only shared nodes (C(/dev/nvidiactl), C(/dev/nvidia-uvm)) is not a holder
+        of the selected GPUs.
+    type: list
+    elements: str
+  device_paths:
+    description:
+      - Globs of the device files whose holders are looked for. Per-GPU nodes are recognised by their device number
+        (or, for stand-in regular files, by the name C(nvidia<minor>)).
+    type: list
+    elements: str
+    default: ['/dev/nvidia*', '/dev/nvidia-caps/*']
+  sources:
+    description:
+      - Where holders are discovered. V(proc) scans C(/proc); V(nvml) takes NVML's compute, graphics and MPS process lists,
+        each PID confirmed in C(/proc) before it can become a target.
+    type: list
+    elements: str
+    choices: [proc, nvml]
+    default: [proc, nvml]
+  protected:
+    description:
+      - Process names never signalled, added to the built-in set (nvidia-persistenced, nv-hostengine, nvidia-fabricmanager,
+        nv-fabricmanager, dcgm-exporter, nvidia-imex, nvidia-gridd, nvidia-topologyd, nvlsm, Xorg, Xwayland, sshd, systemd,
+        containerd-shim, containerd, dockerd, and the Ansible controllers ansible-playbook, ansible and ansible-pull, which
+        an C(async) task on a local connection does not have as ancestors).
+      - A name matches the executable's file name or C(comm), which the kernel cuts at 15 characters.
+    type: list
+    elements: str
+    default: []
+  protected_pids:
+    description:
+      - Process ids never signalled, for example a profiler attached to the GPUs. Thread ids are rejected.
+    type: list
+    elements: int
+    default: []
+  term_timeout:
+    description: Seconds to wait for targets to exit after SIGTERM before sending SIGKILL.
+    type: float
+    default: 30
+  kill_timeout:
+    description: Seconds to wait for targets to exit after SIGKILL before reporting them as survivors.
+    type: float
+    default: 30
+  max_targets:
+    description:
+      - Upper bound on the number of processes signalled. Above it nothing is signalled and the module fails with the plan.
+    type: int
+    default: 64
+  nvml_timeout:
+    description: Seconds an NVML query may take before the module reports NVML hung and fails.
+    type: float
+    default: 10
+  lock_timeout:
+    description:
+      - Seconds to wait for another run of this module on the host to finish. Two runs never scan and signal at once.
+    type: float
+    default: 60
+requirements:
+  - Linux with C(/proc)
+  - nvidia-ml-py on the managed node, unless O(sources=[proc]) and no O(gpus) selection
+notes:
+  - Run it as root (C(become) true) to see every process's file descriptors.
+  - Entries of C(/proc) that cannot be read (permission denied, processes that exit mid-scan) are skipped and counted in
+    RV(unreadable), never fatal. C(/proc/<pid>/maps) of a process in D state is not read, since that can block.
+  - On kernels without pidfds (before 5.3) the start time is re-checked immediately before each C(kill()); a PID reused
+    within that instant could still be hit.
+  - NVML reports host PIDs. When the module runs inside a PID namespace, NVML PIDs count only where C(/proc) confirms them.
+seealso:
+  - module: gpufleet.serving.systemd_stop_hard
+  - module: gpufleet.serving.gpu_memory_assert
+"""
+
+EXAMPLES = r"""
+---
+- name: Free every GPU of the node
+  gpufleet.serving.gpu_holders_kill:
+  become: true
+
+- name: Free GPUs 6 and 7 only, addressed by NVML index and UUID, with a short grace period
+  gpufleet.serving.gpu_holders_kill:
+    gpus: [6, GPU-4f1e7c2a-83d9-4b1e-9f0e-5c2d7a8b9e10]
+    term_timeout: 10
+    kill_timeout: 20
+  become: true
+
+- name: Show what would be killed, keeping a profiler alive
+  gpufleet.serving.gpu_holders_kill:
+    protected: [nsys]
+  check_mode: true
+  register: gpu_plan
+"""
+
+RETURN = r"""
+holders:
+  description: Every process holding the selected GPUs, protected ones included.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid: {description: Process id., type: int, sample: 48211}
+    start_time: {description: Start time in clock ticks after boot; with the pid, the identity signals are bound to., type: int}
+    comm: {description: Kernel command name (at most 15 characters)., type: str, sample: python3}
+    exe: {description: Executable path, or null when unreadable., type: str}
+    cmdline: {description: Arguments, or null when not read (D state)., type: list, elements: str}
+    uid: {description: Real user id., type: int}
+    state: {description: Process state letter from /proc (R, S, D, T, Z)., type: str}
+    unit: {description: The systemd service or scope the process runs in, when any., type: str, sample: vllm.service}
+    via: {description: How the holding was found (fd, mmap, nvml)., type: list, elements: str, sample: [fd, nvml]}
+    devices: {description: Device files held., type: list, elements: str, sample: [/dev/nvidia0, /dev/nvidiactl]}
+    gpus: {description: NVML indexes of the GPUs held., type: list, elements: int, sample: [0]}
+  sample: []
+targets:
+  description: The holders chosen to be signalled (in check mode, those that would be).
+  returned: always
+  type: list
+  elements: dict
+terminated:
+  description: Targets that exited after SIGTERM.
+  returned: always
+  type: list
+  elements: dict
+killed:
+  description: Targets that needed SIGKILL.
+  returned: always
+  type: list
+  elements: dict
+survivors:
+  description: Targets still alive after SIGKILL and O(kill_timeout), with state, wchan, pending signals and threads.
+  returned: always
+  type: list
+  elements: dict
+protected:
+  description: Holders that were not signalled, each with its C(reason).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 812, comm: nvidia-persistenced, reason: protected name nvidia-persistenced}]
+stale_nvml_pids:
+  description: PIDs NVML lists that /proc does not confirm as holders, with the GPU and the reason; never signalled.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 40117, gpu: 0, used_mib: 20480, reason: no such process}]
+not_signalled:
+  description: Targets that exited, or whose PID was reused, between the scan and the first signal.
+  returned: always
+  type: list
+  elements: dict
+signals:
+  description: Audit trail of every signal sent, with pid, start time, signal name and result (sent, gone, denied).
+  returned: always
+  type: list
+  elements: dict
+unreadable:
+  description: Counts of /proc entries that could not be read, by reason.
+  returned: always
+  type: dict
+  sample: {permission_denied: 1}
+elapsed:
+  description: Seconds the module took.
+  returned: always
+  type: float
+"""
+
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+
+try:
+    import pynvml
+except ImportError:
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+
+ARGUMENT_SPEC = dict(
+    gpus=dict(type="list", elements="str"),
+    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
+    sources=dict(type="list", elements="str", choices=["proc", "nvml"], default=["proc", "nvml"]),
+    protected=dict(type="list", elements="str", default=[]),
+    protected_pids=dict(type="list", elements="int", default=[]),
+    term_timeout=dict(type="float", default=30),
+    kill_timeout=dict(type="float", default=30),
+    max_targets=dict(type="int", default=64),
+    nvml_timeout=dict(type="float", default=10),
+    lock_timeout=dict(type="float", default=60),
+)
+
+
+def nvml_client(timeout: float) -> NvmlClient:
+    return NvmlClient(lambda: pynvml, timeout)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    started = time.monotonic()
+    reader = ProcReader()
+    try:
+        request = holders_kill.KillRequest.from_params(module.params, reader)
+        if request.needs_nvml and pynvml is None:
+            module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to query NVML (or set sources: [proc] without gpus)"),
+                             exception=PYNVML_IMPORT_ERROR)
+        with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
+            plan = holders_kill.observe(request, nvml_client, reader).plan
+            result = dict(holders_kill.plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
+            for warning in plan.warnings:
+                module.warn(warning)
+            refusal = holders_kill.too_many_targets(plan, request)
+            if refusal:
+                module.fail_json(msg=refusal, elapsed=time.monotonic() - started, **result)
+            if plan.targets and not module.check_mode:
+                result.update(holders_kill.apply(plan, request, Signaller(reader)))
+                for sent in result["signals"]:
+                    module.log(f"gpu_holders_kill: {sent['signal']} to pid {sent['pid']} (start time {sent['start_time']}): {sent['result']}")
+    except Error as exc:
+        module.fail_json(msg=exc.msg, elapsed=time.monotonic() - started, **exc.context)
+    # in check mode the plan is the change; for real, only a signal that reached a process is one
+    changed = bool(plan.targets) if module.check_mode else any(sent["result"] == "sent" for sent in result["signals"])
+    result.update(changed=changed, elapsed=time.monotonic() - started)
+    if result["survivors"]:
+        pids = ", ".join(f"{s['pid']} ({s['comm']}, state {s.get('state')})" for s in result["survivors"])
+        module.fail_json(msg=f"processes still hold the GPUs after SIGKILL and kill_timeout={request.kill_timeout:g}s: {pids}", **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

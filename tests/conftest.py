@@ -1,0 +1,172 @@
+"""Shared fixtures: the collection on sys.path, the simulated NVML library, stand-in device files,
+real helper processes, and a runner that executes a module the way Ansible does (a separate
+Python process reading its arguments, printing its JSON result)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD = REPO / "build"
+COLLECTIONS = BUILD / "collections"
+HELPER = REPO / "tests" / "helpers" / "gpu_holder.py"
+
+sys.path.insert(0, str(REPO / "tests" / "sim"))
+
+
+def _link_collection() -> None:
+    """build/collections/ansible_collections/gpufleet/serving -> the repository, so imports resolve from a clone."""
+    link = COLLECTIONS / "ansible_collections" / "gpufleet" / "serving"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            link.symlink_to(REPO)
+        except FileExistsError:
+            pass
+
+
+_link_collection()
+sys.path.insert(0, str(COLLECTIONS))
+
+import nvml_sim  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sim_library() -> Path:
+    return nvml_sim.build_library(BUILD / "sim")
+
+
+@pytest.fixture
+def sim(tmp_path, sim_library) -> nvml_sim.SimNvml:
+    """Four simulated H200s whose device minors are permuted against their NVML indexes."""
+    return nvml_sim.SimNvml(tmp_path / "nvml", gpus=nvml_sim.default_gpus(4, minors=[2, 0, 3, 1]))
+
+
+@dataclass
+class Devices:
+    root: Path
+    gpu_minors: list[int]
+
+    def gpu(self, minor: int) -> str:
+        return str(self.root / f"nvidia{minor}")
+
+    @property
+    def ctl(self) -> str:
+        return str(self.root / "nvidiactl")
+
+    @property
+    def uvm(self) -> str:
+        return str(self.root / "nvidia-uvm")
+
+    @property
+    def globs(self) -> list[str]:
+        return [str(self.root / "nvidia*"), str(self.root / "nvidia-caps" / "*")]
+
+
+@pytest.fixture
+def devices(tmp_path) -> Devices:
+    """Stand-in device files: regular files named as the driver names its nodes."""
+    root = tmp_path / "dev"
+    (root / "nvidia-caps").mkdir(parents=True)
+    names = [f"nvidia{minor}" for minor in range(4)] + ["nvidiactl", "nvidia-uvm", "nvidia-caps/nvidia-cap1"]
+    for name in names:
+        (root / name).write_bytes(b"\0" * 4096)
+    return Devices(root, list(range(4)))
+
+
+class Processes:
+    """Starts helper processes and guarantees they are gone after the test."""
+
+    def __init__(self):
+        self.started: list[subprocess.Popen] = []
+        self.extra_pids: list[int] = []
+
+    def holder(self, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, list[int]]:
+        proc = subprocess.Popen([sys.executable, str(HELPER), *args], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
+        self.started.append(proc)
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "ready", f"helper did not start: {line}"
+        pids = [int(word) for word in line[1:]]
+        self.extra_pids += pids[1:]
+        return proc, pids
+
+    def decoy(self, *words: str) -> subprocess.Popen:
+        """A process whose command line names engines (python3, sglang) but holds no GPU file."""
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1e6)", *words])
+        self.started.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+        for pid in self.extra_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def processes():
+    procs = Processes()
+    yield procs
+    procs.cleanup()
+
+
+def alive(pid: int) -> bool:
+    """Alive and not a zombie (a reaped or zombie process no longer holds anything)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+@dataclass
+class ModuleResult:
+    rc: int
+    result: dict
+    stderr: str
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.result.get("failed"))
+
+    def __getitem__(self, key):
+        return self.result[key]
+
+
+def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120) -> ModuleResult:
+    """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node."""
+    module_args = dict(args, _ansible_check_mode=check_mode)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"ansible_collections.gpufleet.serving.plugins.modules.{name}", json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
+        capture_output=True, text=True, timeout=timeout, cwd="/",
+        env={**os.environ, "PYTHONPATH": str(COLLECTIONS), **(env or {})},
+    )
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"module printed no JSON (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}") from None
+    return ModuleResult(proc.returncode, result, proc.stderr)
+
+
+@pytest.fixture
+def nvml_env(sim, sim_library) -> dict:
+    """Environment that makes nvidia-ml-py load the simulated library with `sim`'s state."""
+    return {"LD_LIBRARY_PATH": str(sim_library.parent), **sim.env}

@@ -1,0 +1,332 @@
+"""gpu_holders_kill against real processes, real signals and the real /proc, with NVML simulated.
+
+Catalogue cases are named in each test's docstring (G* of the reliability catalogue).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import HELPER, alive, run_module
+
+MODULE = "gpu_holders_kill"
+
+
+def kill_args(devices, **extra) -> dict:
+    return {"device_paths": devices.globs, "term_timeout": 5, "kill_timeout": 5, **extra}
+
+
+def pids_of(entries: list[dict]) -> set[int]:
+    return {entry["pid"] for entry in entries}
+
+
+def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
+    """G1."""
+    for check_mode in (True, False):
+        result = run_module(MODULE, kill_args(devices), check_mode=check_mode, env=nvml_env)
+        assert not result.failed, result.result
+        assert result["changed"] is False
+        assert result["holders"] == [] and result["signals"] == []
+
+
+def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env):
+    """G2, G28: check mode plans and signals nothing; the real run terminates; the second run changes nothing."""
+    _, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
+
+    plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+    assert plan["changed"] is True
+    assert pids_of(plan["targets"]) == {pid}
+    assert plan["signals"] == []
+    assert alive(pid)
+    target = plan["targets"][0]
+    assert target["via"] == ["fd"]
+    assert target["devices"] == sorted([devices.gpu(0), devices.ctl])
+    assert target["start_time"] > 0 and target["exe"] == os.path.realpath(sys.executable)
+
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert result["changed"] is True
+    assert pids_of(result["terminated"]) == {pid} and result["killed"] == []
+    assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT"]
+    assert not alive(pid)
+
+    again = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert again["changed"] is False and again["holders"] == []
+
+
+def test_mmap_only_holder_is_found(devices, processes, nvml_env):
+    """G21: the fd is closed, only a mapping of the device remains (fuser's `m`)."""
+    _, (pid,) = processes.holder("--mmap", devices.gpu(1))
+    fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert devices.gpu(1) not in fds
+
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert pids_of(result["terminated"]) == {pid}
+    assert result["holders"][0]["via"] == ["mmap"]
+
+
+def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_env):
+    """G15."""
+    _, (pid,) = processes.holder("--open", devices.gpu(2), "--ignore-term")
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+    assert result["changed"] is True
+    assert pids_of(result["killed"]) == {pid} and result["terminated"] == []
+    assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT", "SIGKILL"]
+    assert not alive(pid)
+
+
+def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nvml_env):
+    """G16: a SIGSTOPped process acts on SIGTERM only once continued."""
+    proc, (pid,) = processes.holder("--open", devices.gpu(0))
+    proc.send_signal(signal.SIGSTOP)
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert pids_of(result["terminated"]) == {pid}
+    assert result["killed"] == []
+
+
+def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env):
+    """G13: the target exits on its own during the grace period; no SIGKILL."""
+    _, (pid,) = processes.holder("--open", devices.gpu(0), "--drain", "0.5")
+    result = run_module(MODULE, kill_args(devices, term_timeout=10), env=nvml_env)
+    assert pids_of(result["terminated"]) == {pid}
+    assert "SIGKILL" not in [s["signal"] for s in result["signals"]]
+
+
+def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, processes, nvml_env):
+    """G17: the leader is a zombie but its worker thread still holds the device."""
+    _, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
+    deadline = time.monotonic() + 5
+    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "leader never became a zombie"
+        time.sleep(0.02)
+    assert len(os.listdir(f"/proc/{pid}/task")) == 2
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+    assert pids_of(result["holders"]) == {pid}
+    assert pids_of(result["killed"]) == {pid}, "a zombie leader with a live thread must not count as terminated"
+    assert not os.path.exists(f"/proc/{pid}/task") or len(os.listdir(f"/proc/{pid}/task")) <= 1
+
+
+def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
+    """G7 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
+    decoys = [processes.decoy("sglang", "--model", "x"), processes.decoy("python3", "vllm", "serve")]
+    _, (pid,) = processes.holder("sglang.launch_server", "--open", devices.gpu(0))
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert pids_of(result["terminated"]) == {pid}
+    assert all(decoy.poll() is None for decoy in decoys)
+    assert not {decoy.pid for decoy in decoys} & {s["pid"] for s in result["signals"]}
+
+
+def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_env):
+    """G5: comm is cut at 15 characters by the kernel; protected_pids adds single processes."""
+    _, (daemon,) = processes.holder("--open", devices.gpu(0), "--comm", "nvidia-persistenced")
+    _, (custom,) = processes.holder("--open", devices.gpu(1), "--comm", "my-profiler")
+    _, (listed,) = processes.holder("--open", devices.gpu(2))
+    _, (victim,) = processes.holder("--open", devices.gpu(3))
+    result = run_module(MODULE, kill_args(devices, protected=["my-profiler"], protected_pids=[listed]), env=nvml_env)
+    reasons = {entry["pid"]: entry["reason"] for entry in result["protected"]}
+    assert reasons[daemon] == "protected name nvidia-persistenced"
+    assert reasons[custom] == "protected name my-profiler"
+    assert reasons[listed] == "listed in protected_pids"
+    assert pids_of(result["terminated"]) == {victim}
+    assert alive(daemon) and alive(custom) and alive(listed)
+
+
+def test_ancestor_holding_a_device_is_protected(devices, nvml_env):
+    """G4: here the test process itself (the module's parent) holds a device file."""
+    with open(devices.gpu(0), "rb"):
+        result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    mine = [entry for entry in result["protected"] if entry["pid"] == os.getpid()]
+    assert mine and mine[0]["reason"].startswith("ancestor of this module")
+    assert result["changed"] is False and result["signals"] == []
+
+
+def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
+    """G27."""
+    pids = [processes.holder("--open", devices.gpu(i))[1][0] for i in range(3)]
+    result = run_module(MODULE, kill_args(devices, max_targets=2), env=nvml_env)
+    assert result.failed and "max_targets=2" in result["msg"]
+    assert pids_of(result["targets"]) == set(pids)
+    assert result["signals"] == []
+    assert all(alive(pid) for pid in pids)
+
+
+def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env):
+    """G9 / F8: the parent allocated and forked; it died; NVML still lists it while the child holds the memory."""
+    proc, (parent, child) = processes.holder("--open", devices.gpu(2), devices.ctl, "--fork-child",
+                                             "--sim-root", str(sim.root), "--alloc", "0:20480")
+    proc.kill()
+    proc.wait()
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert [(s["pid"], s["gpu"], s["reason"]) for s in result["stale_nvml_pids"]] == [(parent, 0, "no such process")]
+    assert pids_of(result["terminated"]) == {child}
+    assert parent not in {s["pid"] for s in result["signals"]}
+    # minor 2 is NVML index 0 in this simulation
+    assert result["terminated"][0]["gpus"] == [0]
+
+
+def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, processes, sim, nvml_env):
+    """G10 / F9: NVML lists a PID that now belongs to a process holding no GPU file."""
+    decoy = processes.decoy("python3")
+    _, (holder,) = processes.holder("--open", devices.gpu(0))
+    sim.allocate(1, 4096, holders=[holder], reported_pid=decoy.pid)
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    stale = {s["pid"]: s["reason"] for s in result["stale_nvml_pids"]}
+    assert "reused" in stale[decoy.pid]
+    assert decoy.poll() is None
+    assert pids_of(result["terminated"]) == {holder}
+
+
+def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, processes, sim, nvml_env):
+    """sources=[nvml]: discovery from NVML's list, each PID confirmed in /proc before it can be a target."""
+    _, (pid,) = processes.holder("--open", devices.ctl, "--sim-root", str(sim.root), "--alloc", "3:1000")
+    _, (unlisted,) = processes.holder("--open", devices.gpu(0))
+    result = run_module(MODULE, kill_args(devices, sources=["nvml"]), env=nvml_env)
+    assert pids_of(result["terminated"]) == {pid}
+    assert result["terminated"][0]["via"] == ["fd", "nvml"] and result["terminated"][0]["gpus"] == [3]
+    assert alive(unlisted)
+
+
+def test_selection_maps_indexes_and_uuids_through_permuted_minors(devices, processes, sim, nvml_env):
+    """G23: minors [2, 0, 3, 1] against indexes 0-3; /dev/nvidia3 is GPU index 2."""
+    _, (on_index2,) = processes.holder("--open", devices.gpu(3))
+    _, (on_index0,) = processes.holder("--open", devices.gpu(2))
+    plan = run_module(MODULE, kill_args(devices, gpus=["2"]), check_mode=True, env=nvml_env)
+    assert pids_of(plan["targets"]) == {on_index2}
+    assert plan["targets"][0]["gpus"] == [2]
+    by_uuid = run_module(MODULE, kill_args(devices, gpus=[sim.gpus[0].uuid]), env=nvml_env)
+    assert pids_of(by_uuid["terminated"]) == {on_index0}
+    assert alive(on_index2)
+
+
+def test_shared_nodes_alone_do_not_make_a_holder_of_a_selected_gpu(devices, processes, nvml_env):
+    """G24: only nvidiactl + nvidia-uvm held; GPU 1 selected."""
+    _, (pid,) = processes.holder("--open", devices.ctl, devices.uvm)
+    result = run_module(MODULE, kill_args(devices, gpus=["1"]), env=nvml_env)
+    assert result["holders"] == [] and result["changed"] is False
+    assert alive(pid)
+    everything = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+    assert pids_of(everything["targets"]) == {pid}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"gpus": ["9"]}, "GPU index 9 does not exist: NVML sees 4 GPU(s)"),
+    ({"gpus": ["GPU-00000000-dead"]}, "no GPU has UUID 'GPU-00000000-dead'"),
+    ({"gpus": ["first"]}, "'first' is neither a GPU index"),
+    ({"gpus": ["-1"]}, "'-1' is neither a GPU index"),
+    ({"term_timeout": -1}, "term_timeout: must be at least 0"),
+    ({"kill_timeout": "soon"}, "kill_timeout"),
+    ({"max_targets": 0}, "max_targets: must be a whole number of at least 1"),
+    ({"nvml_timeout": 0}, "nvml_timeout: must be greater than 0"),
+    ({"protected_pids": [1]}, "protected_pids: 1 is not a valid process id"),
+    ({"protected": ["bin/sh"]}, "protected: 'bin/sh' is not a process name"),
+    ({"device_paths": ["dev/nvidia*"]}, "device_paths: 'dev/nvidia*' is not an absolute path"),
+    ({"sources": ["ps"]}, "sources"),
+])
+def test_bad_input_fails_clearly_and_signals_nothing(devices, processes, nvml_env, args, message):
+    _, (pid,) = processes.holder("--open", devices.gpu(0))
+    result = run_module(MODULE, {**kill_args(devices), **args}, env=nvml_env)
+    assert result.failed
+    assert message in result["msg"]
+    assert alive(pid)
+
+
+def test_thread_id_in_protected_pids_is_rejected(devices, processes, nvml_env):
+    """G14/G34: a thread id has a readable /proc entry and kill(tid) would hit the whole process."""
+    _, (pid,) = processes.holder("--open", devices.gpu(0), "--zombie-leader")
+    tid = next(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    result = run_module(MODULE, kill_args(devices, protected_pids=[tid]), env=nvml_env)
+    assert result.failed and f"protected_pids: {tid} is a thread id" in result["msg"]
+    assert alive(pid) or len(os.listdir(f"/proc/{pid}/task")) > 1
+
+
+def test_missing_nvidia_ml_py_gives_the_missing_library_message(devices, tmp_path, nvml_env):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "pynvml.py").write_text("raise ImportError('No module named pynvml')\n")
+    env = dict(nvml_env, PYTHONPATH=f"{shadow}:{os.environ.get('PYTHONPATH', '')}")
+    from conftest import COLLECTIONS
+    env["PYTHONPATH"] = f"{shadow}:{COLLECTIONS}"
+    result = run_module(MODULE, kill_args(devices), env=env)
+    assert result.failed and "Failed to import the required Python library (nvidia-ml-py)" in result["msg"]
+    proc_only = run_module(MODULE, kill_args(devices, sources=["proc"]), env=env)
+    assert not proc_only.failed, "a /proc-only scan must work without NVML"
+
+
+def test_missing_nvml_library_and_unloaded_driver_fail_cleanly(devices, sim, nvml_env, tmp_path):
+    """M9-style: no traceback, a message naming the cause."""
+    no_library = run_module(MODULE, kill_args(devices), env=dict(nvml_env, LD_LIBRARY_PATH=str(tmp_path)))
+    assert no_library.failed and "libnvidia-ml.so.1 was not found" in no_library["msg"]
+    sim.fault("nvmlInitWithFlags", 9)
+    no_driver = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert no_driver.failed and "the NVIDIA kernel driver is not loaded" in no_driver["msg"]
+    assert "Traceback" not in no_driver["msg"]
+
+
+def test_hung_nvml_fails_within_nvml_timeout(devices, processes, sim, nvml_env):
+    """M6 for the killer: a hung NVML call ends the task, nothing is signalled."""
+    _, (pid,) = processes.holder("--open", devices.gpu(0))
+    sim.fault("nvmlDeviceGetCount_v2", "hang")
+    started = time.monotonic()
+    result = run_module(MODULE, kill_args(devices, nvml_timeout=1), env=nvml_env)
+    assert time.monotonic() - started < 20
+    assert result.failed and "did not return within nvml_timeout=1s" in result["msg"]
+    assert alive(pid)
+
+
+def test_a_second_run_waits_for_the_host_lock_then_fails_naming_the_holder(devices, nvml_env):
+    """G29: two runs never scan and signal at once."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._locking import lock_path
+
+    with open(lock_path("gpu_holders_kill"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        result = run_module(MODULE, kill_args(devices, lock_timeout=0.3), env=nvml_env)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert result.failed and f"(pid {os.getpid()})" in result["msg"]
+
+
+def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, processes, tmp_path, nvml_env):
+    """E7/E8 and G4: ansible-playbook on a local connection holds a device (inherited fd) in its whole chain."""
+    from conftest import COLLECTIONS, REPO
+    decoy = processes.decoy("python3", "ansible")
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(f"""
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Free the GPUs (synchronous)
+      gpufleet.serving.gpu_holders_kill:
+        device_paths: {devices.globs}
+      register: sync_run
+    - name: Free the GPUs (async)
+      gpufleet.serving.gpu_holders_kill:
+        device_paths: {devices.globs}
+      async: 60
+      poll: 1
+      register: async_run
+    - name: Nothing was signalled and the chain was protected
+      ansible.builtin.assert:
+        that:
+          - sync_run.signals == [] and async_run.signals == []
+          - sync_run.protected | length > 0
+          - async_run.protected | map(attribute='reason') | select('search', 'ansible-playbook') | list | length > 0
+""")
+    env = {**os.environ, **nvml_env, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
+    run = subprocess.run(["sh", "-c", f'exec 3<"{devices.gpu(0)}"; exec ansible-playbook -i localhost, "{playbook}"'],
+                         capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert decoy.poll() is None
+
+
+def test_helper_is_executable_python():
+    """The helper is what the lab installs on nodes; it must stay importable."""
+    assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True).returncode == 0
