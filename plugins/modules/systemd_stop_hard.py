@@ -1,0 +1,212 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: systemd_stop_hard
+short_description: Ensure a systemd unit is stopped and every process of it is gone
+version_added: 0.1.0
+description:
+  - Stops the unit with a real stop job (only a stop job keeps C(Restart=) from starting it again), queued without
+    blocking and watched against the module's own deadline, so units with C(TimeoutStopSec=infinity) or
+    C(SendSIGKILL=no) cannot hang the task.
+  - When the unit is down but processes remain in its control group (C(KillMode=process) or C(none)), they get SIGTERM
+    and SIGCONT.
+  - At O(stop_timeout) every process still in the unit's control group, including workers that escaped with C(setsid) or
+    were reparented to PID 1, gets SIGKILL - through C(cgroup.kill) where the kernel has it (cgroup v2, Linux 5.14+),
+    otherwise by re-reading the group and killing each process through a pidfd until the group stays empty.
+  - Verifies the result - the unit C(inactive) or C(failed), its control group empty, and neither C(InvocationID) nor
+    C(NRestarts) changed after O(settle) seconds - and fails, listing survivors with their state, otherwise.
+  - Refuses C(init.scope), slices, units whose control group holds this module or its ancestors, and protected units
+    (SSH, D-Bus, systemd's own units, NVIDIA persistence, fabric manager, DCGM, container runtimes) unless
+    O(allow_protected=true).
+author:
+  - gpufleet.serving contributors
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the unit would be stopped or disabled and lists the processes of its control group; changes nothing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  name:
+    description:
+      - The unit. A name without a unit type suffix means a service (V(vllm) is V(vllm.service)).
+      - Globs, paths, templates without an instance, whitespace and shell metacharacters are rejected before anything runs.
+    type: str
+    required: true
+  stop_timeout:
+    description: Seconds the graceful stop may take before the module SIGKILLs the unit's control group.
+    type: float
+    default: 90
+  kill_timeout:
+    description: Seconds to wait after SIGKILL for the control group to empty.
+    type: float
+    default: 30
+  settle:
+    description: Seconds to wait after the unit is down before checking that nothing started it again.
+    type: float
+    default: 1
+  must_exist:
+    description: Fail when the unit does not exist. By default a missing unit is fine and unchanged.
+    type: bool
+    default: false
+  disable:
+    description: Also disable the unit, so that it does not start at boot.
+    type: bool
+    default: false
+  allow_protected:
+    description: Allow stopping a protected unit (never C(init.scope) or a slice).
+    type: bool
+    default: false
+requirements:
+  - systemd
+notes:
+  - The task takes at most O(stop_timeout) + O(kill_timeout) + O(settle) seconds plus the time of C(systemctl) calls.
+  - On cgroup v1 without C(cgroup.kill), a process forking faster than it is killed could outlive O(kill_timeout); the
+    module then fails listing it.
+  - Two runs on the same unit are serialised by a lock on the host.
+seealso:
+  - module: gpufleet.serving.gpu_holders_kill
+  - module: gpufleet.serving.gpu_memory_assert
+  - module: ansible.builtin.systemd_service
+"""
+
+EXAMPLES = r"""
+---
+- name: Stop vLLM, giving it two minutes to drain, and make sure its workers are gone
+  gpufleet.serving.systemd_stop_hard:
+    name: vllm
+    stop_timeout: 120
+  become: true
+
+- name: Stop and disable an SGLang instance of a template unit
+  gpufleet.serving.systemd_stop_hard:
+    name: sglang@7b.service
+    disable: true
+  become: true
+"""
+
+RETURN = r"""
+unit:
+  description: The resolved unit name.
+  returned: always
+  type: str
+  sample: vllm.service
+found:
+  description: Whether systemd knows the unit.
+  returned: always
+  type: bool
+state_before:
+  description: ActiveState, SubState, LoadState, MainPID, InvocationID, NRestarts and UnitFileState before the run.
+  returned: always
+  type: dict
+state_after:
+  description: The same properties after the run (equal to RV(state_before) in check mode).
+  returned: always
+  type: dict
+processes:
+  description: Processes of the unit's control group before the run (in check mode, those that would be stopped).
+  returned: always
+  type: list
+  elements: dict
+escalated:
+  description: Whether the graceful stop ran out of time and the control group was SIGKILLed.
+  returned: always
+  type: bool
+kill_method:
+  description: V(cgroup.kill) or V(signal loop) when escalated, else null.
+  returned: always
+  type: str
+terminated:
+  description: Processes of the unit that exited during the graceful stop (pid, start_time, comm, cmdline, state).
+  returned: always
+  type: list
+  elements: dict
+killed:
+  description: Processes that were still there at the deadline and died of SIGKILL.
+  returned: always
+  type: list
+  elements: dict
+survivors:
+  description: Processes still in the control group at the end, with state (D = uninterruptible), wchan and pending signals.
+  returned: always
+  type: list
+  elements: dict
+disabled:
+  description: Whether the unit was disabled by this run.
+  returned: always
+  type: bool
+warnings:
+  description: Unit settings that make a plain stop unsafe (KillMode=process/none, SendSIGKILL=no, TimeoutStopSec=infinity, triggers).
+  returned: when any
+  type: list
+  elements: str
+elapsed:
+  description: Seconds the module took.
+  returned: always
+  type: float
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    stop_timeout=dict(type="float", default=90),
+    kill_timeout=dict(type="float", default=30),
+    settle=dict(type="float", default=1),
+    must_exist=dict(type="bool", default=False),
+    disable=dict(type="bool", default=False),
+    allow_protected=dict(type="bool", default=False),
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    started = time.monotonic()
+    reader = ProcReader()
+    try:
+        request = systemd.stop_request(module.params)
+        systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+        with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), request.stop_timeout + request.kill_timeout + request.settle):
+            state = systemctl.show(request.unit)
+            ourselves = {os.getpid()} | {stat.pid for stat in reader.ancestors(os.getpid())}
+            plan = systemd.plan_stop(request, state, systemd.Cgroup.locate(state.control_group, reader), ourselves)
+            for warning in plan.warnings:
+                module.warn(warning)
+            outcome = systemd.StopOutcome(state_after=state)
+            if plan.changes and not module.check_mode:
+                outcome = systemd.UnitStopper(systemctl, reader, Signaller(reader)).run(plan, request)
+    except Error as exc:
+        module.fail_json(msg=exc.msg, elapsed=time.monotonic() - started, **exc.context)
+    result = dict(
+        changed=plan.changes, unit=request.unit, found=plan.found, state_before=state.summary(),
+        state_after=outcome.state_after.summary(), processes=plan.members, escalated=outcome.escalated,
+        kill_method=outcome.kill_method, terminated=outcome.terminated, killed=outcome.killed, survivors=outcome.survivors,
+        disabled=plan.disable and not module.check_mode, elapsed=time.monotonic() - started,
+    )
+    if outcome.survivors:
+        listed = ", ".join(f"{s['pid']} ({s.get('comm')}, state {s.get('state')})" for s in outcome.survivors)
+        module.fail_json(msg=f"{request.unit}: processes survived SIGKILL and kill_timeout={request.kill_timeout:g}s: {listed}", **result)
+    if outcome.errors:
+        module.fail_json(msg="; ".join(outcome.errors), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""gpu_memory_assert through the real nvidia-ml-py over the simulated libnvidia-ml.so.1 (M* of the catalogue)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import run_module
+from nvml_sim import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_FUNCTION_NOT_FOUND
+
+MODULE = "gpu_memory_assert"
+
+
+def assert_args(devices, **extra) -> dict:
+    return {"device_paths": devices.globs, "timeout": 2, "interval": 0.1, **extra}
+
+
+def test_idle_gpus_pass_on_v2_used_with_the_reserve_reported_apart(devices, nvml_env):
+    """M1, M14: idle GPUs show v2 used 0 and reserved 615 MiB; check mode measures the same way."""
+    for check_mode in (False, True):
+        result = run_module(MODULE, assert_args(devices, expected_count=4), check_mode=check_mode, env=nvml_env)
+        assert not result.failed, result["msg"] if result.failed else ""
+        assert result["passed"] is True and result["changed"] is False and result["dirty"] == []
+        assert [(g["index"], g["minor"], g["used_mib"], g["reserved_mib"], g["memory_api"]) for g in result["gpus"]] == [
+            (0, 2, 0, 615, "v2"), (1, 0, 0, 615, "v2"), (2, 3, 0, 615, "v2"), (3, 1, 0, 615, "v2")]
+        assert result["gpus"][0]["uuid"].startswith("GPU-") and result["gpus"][0]["bus_id"] == "00000000:18:00.0"
+        assert result["gpus"][0]["name"] == "NVIDIA H200" and result["driver_version"] == "580.159.04"
+
+
+def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes, nvml_env):
+    """M2: v1 counts the 615 MiB reserve as used; comparing it raw with 512 MiB would fail an idle GPU."""
+    sim.fault("nvmlDeviceGetMemoryInfo_v2", NVML_ERROR_FUNCTION_NOT_FOUND)
+    idle = run_module(MODULE, assert_args(devices), env=nvml_env)
+    assert idle["passed"] is True
+    assert {(g["memory_api"], g["used_mib"], g["compared_used_mib"]) for g in idle["gpus"]} == {("v1", 615, 0)}
+
+    _, (pid,) = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:2048")
+    busy = run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)
+    assert busy.failed and busy["dirty"] == [1]
+    assert busy["gpus"][1]["compared_used_mib"] == 2048 + 615 - 1024
+
+
+def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, nvml_env):
+    """M3: polling, not a fixed sleep: passes on the first reading after the holder exits."""
+    proc, _ = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "2:30000")
+    threading.Timer(1.0, proc.kill).start()
+    result = run_module(MODULE, assert_args(devices, timeout=20), env=nvml_env)
+    assert result["passed"] is True
+    assert result["attempts"] > 1
+    assert 0.9 < result["elapsed"] < 20
+
+
+def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes, nvml_env):
+    """M4 (holder present): per-GPU used MiB, /proc holders, NVML processes."""
+    _, (pid,) = processes.holder("--open", devices.gpu(3), "--sim-root", str(sim.root), "--alloc", "2:40000")
+    result = run_module(MODULE, assert_args(devices, timeout=0.5), env=nvml_env)
+    assert result.failed and result["passed"] is False and result["dirty"] == [2]
+    message = result["msg"]
+    assert "GPU 2 (GPU-" in message and "40000 MiB used > max_used_mib 512" in message
+    assert f"holders in /proc: {pid} (python3" in message or f"holders in /proc: {pid} (" in message
+    assert f"NVML processes: {pid};" in message
+    assert "holder_present" in message
+    assert result["details"]["2"]["classification"] == "holder_present"
+    assert [h["pid"] for h in result["details"]["2"]["proc_holders"]] == [pid]
+    assert result["elapsed"] >= 0.5
+
+
+def test_leaked_memory_without_holder_is_classified_no_holder_found(devices, sim, nvml_env):
+    """M4 (leak): memory used, no process: a reset may be needed."""
+    sim.gpus[1].leaked_mib = 8000
+    sim.write()
+    result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
+    assert result.failed and result["dirty"] == [1]
+    assert result["details"]["1"]["classification"] == "no_holder_found"
+    assert "a GPU reset may be needed" in result["msg"]
+
+
+def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, processes, nvml_env):
+    """M5: NVML lists only the dead parent; the forked child holds the memory (not 'idle')."""
+    proc, (parent, child) = processes.holder("--open", devices.gpu(2), "--fork-child", "--sim-root", str(sim.root), "--alloc", "0:20480")
+    proc.kill()
+    proc.wait()
+    result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
+    assert result.failed and result["dirty"] == [0]
+    detail = result["details"]["0"]
+    assert [h["pid"] for h in detail["proc_holders"]] == [child]
+    assert [(p["pid"], p["stale"]) for p in detail["nvml_processes"]] == [(parent, "not a live holder in /proc")]
+    assert detail["classification"] == "holder_present"
+
+
+def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
+    """M6: NVML runs in a worker that is abandoned when it does not answer."""
+    sim.fault("nvmlDeviceGetMemoryInfo_v2", "hang")
+    started = time.monotonic()
+    result = run_module(MODULE, assert_args(devices, timeout=30, nvml_timeout=1), env=nvml_env)
+    assert time.monotonic() - started < 15
+    assert result.failed and result["classification"] == "nvml_hung"
+    assert "nvml_timeout=1s" in result["msg"]
+
+
+@pytest.mark.parametrize(("status", "classification"), [("lost", "gpu_lost"), ("reset_required", "reset_required")])
+def test_lost_or_reset_required_gpu_fails_at_once(devices, sim, nvml_env, status, classification):
+    """M7, M8: no waiting out the deadline; never a reset."""
+    sim.gpus[3].status = status
+    sim.write()
+    started = time.monotonic()
+    result = run_module(MODULE, assert_args(devices, timeout=60), env=nvml_env)
+    assert time.monotonic() - started < 30
+    assert result.failed and result["dirty"] == [3] and result["attempts"] == 1
+    assert result["details"]["3"]["classification"] == classification
+    assert result["gpus"][3]["status"] == status
+
+
+def test_driver_not_loaded_and_library_missing_fail_without_traceback(devices, sim, nvml_env, tmp_path):
+    """M9."""
+    missing = run_module(MODULE, assert_args(devices), env=dict(nvml_env, LD_LIBRARY_PATH=str(tmp_path)))
+    assert missing.failed and "libnvidia-ml.so.1 was not found" in missing["msg"]
+    sim.fault("nvmlInitWithFlags", NVML_ERROR_DRIVER_NOT_LOADED)
+    unloaded = run_module(MODULE, assert_args(devices), env=nvml_env)
+    assert unloaded.failed and "the NVIDIA kernel driver is not loaded" in unloaded["msg"]
+    assert "Traceback" not in unloaded.stderr
+
+
+def test_expected_count_mismatch_fails_at_once_listing_what_nvml_sees(devices, sim, nvml_env):
+    """M10: 8 expected, NVML sees fewer (a GPU fell off the bus)."""
+    result = run_module(MODULE, assert_args(devices, expected_count=8, timeout=60), env=nvml_env)
+    assert result.failed and "expected 8 GPU(s), NVML sees 4" in result["msg"]
+    assert "3=00000000:48:00.0" in result["msg"]
+
+
+def test_selection_by_index_and_uuid_ignores_cuda_visible_devices(devices, sim, processes, nvml_env):
+    """M11: NVML order, not CUDA's; only the selected GPUs are judged."""
+    processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:9000")
+    env = dict(nvml_env, CUDA_VISIBLE_DEVICES="1")
+    by_index = run_module(MODULE, assert_args(devices, gpus=["0", "2"], timeout=0), env=env)
+    assert by_index["passed"] is True and [g["index"] for g in by_index["gpus"]] == [0, 2]
+    by_uuid = run_module(MODULE, assert_args(devices, gpus=[sim.gpus[1].uuid], timeout=0), env=env)
+    assert by_uuid.failed and by_uuid["dirty"] == [1]
+
+
+def test_max_processes_counts_listed_processes(devices, sim, processes, nvml_env):
+    processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "0:100")
+    result = run_module(MODULE, assert_args(devices, max_processes=0, timeout=0), env=nvml_env)
+    assert result.failed and "1 processes > max_processes 0" in result["msg"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
+    ({"max_used_mib": 10**7}, "max_used_mib: 10000000 MiB is more than GPU 0's total of 143771 MiB"),
+    ({"max_used_mib": "lots"}, "max_used_mib"),
+    ({"timeout": -5}, "timeout: must be at least 0"),
+    ({"interval": 0}, "interval: must be greater than 0"),
+    ({"nvml_timeout": -1}, "nvml_timeout: must be greater than 0"),
+    ({"expected_count": -1}, "expected_count: must be a whole number of at least 0"),
+    ({"gpus": ["4"]}, "GPU index 4 does not exist: NVML sees 4 GPU(s) (indexes 0-3)"),
+    ({"gpus": ["GPU-nope"]}, "no GPU has UUID 'GPU-nope'"),
+    ({"gpus": ["0; reboot"]}, "is neither a GPU index"),
+])
+def test_bad_input_is_rejected_before_polling(devices, nvml_env, args, message):
+    """M16."""
+    result = run_module(MODULE, {**assert_args(devices), **args}, env=nvml_env)
+    assert result.failed
+    assert message in result["msg"]

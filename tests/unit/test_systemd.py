@@ -1,0 +1,314 @@
+"""systemd_stop_hard's logic: names, refusals, `systemctl show`, cgroup location, the plan, and the stop loop.
+
+The stop loop runs against real processes and real signals, with systemd replaced by FakeSystemd
+(the catalogue's F12): what systemd itself does on a real node is covered by the Molecule scenarios.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import alive, run_module
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("vllm", "vllm.service"),
+    ("vllm.service", "vllm.service"),
+    ("sglang@7b", "sglang@7b.service"),
+    ("engine-a_1:x.scope", "engine-a_1:x.scope"),
+    ("vllm.socket", "vllm.socket"),
+    ("foo\\x2dbar.service", "foo\\x2dbar.service"),
+])
+def test_unit_names_resolve_as_systemctl_would(name, expected):
+    """S5."""
+    assert systemd.normalize_unit_name(name) == expected
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("sglang*", "glob pattern"),
+    ("vllm?", "glob pattern"),
+    ("[v]llm", "glob pattern"),
+    ("", "give a unit name"),
+    ("../x", "is a path"),
+    ("a/b.service", "is a path"),
+    ("a..b", "is a path"),
+    ("vllm\0.service", "NUL or line break"),
+    ("vllm\nsshd", "NUL or line break"),
+    ("x" * 300, "longer than systemd's limit of 255"),
+    ("x" * 250, "longer than systemd's limit of 255"),
+    ("vllm;reboot", "shell metacharacters"),
+    ("vllm $(id)", "shell metacharacters"),
+    ("vllm`id`", "shell metacharacters"),
+    ("vllm|cat", "shell metacharacters"),
+    ("foo\\bar", "shell metacharacters"),
+    ("foo@.service", "template without an instance"),
+    ("foo@", "template without an instance"),
+    ("vllé", "non-ASCII"),
+    ("--all", "starts with '-'"),
+])
+def test_bad_unit_names_are_rejected(name, message):
+    """S3, S4."""
+    with pytest.raises(InvalidInput, match=None) as error:
+        systemd.normalize_unit_name(name)
+    assert message in error.value.msg
+
+
+@pytest.mark.parametrize(("unit", "allowed", "message"), [
+    ("init.scope", True, "PID 1"),
+    ("-.slice", True, "a slice"),
+    ("system.slice", True, "a slice"),
+    ("user.slice", True, "a slice"),
+    ("multi-user.target", True, "not a service"),
+    ("sshd.service", False, "protected"),
+    ("systemd-journald.service", False, "protected"),
+    ("nvidia-persistenced.service", False, "protected"),
+    ("nvidia-fabricmanager.service", False, "protected"),
+    ("nv-hostengine.service", False, "protected"),
+    ("dcgm-exporter.service", False, "protected"),
+    ("containerd.service", False, "protected"),
+    ("dbus.service", False, "protected"),
+])
+def test_refused_units(unit, allowed, message):
+    """S25, S26: slices and init.scope are refused even with allow_protected."""
+    assert message in systemd.refusal(unit, allow_protected=allowed)
+
+
+def test_protected_unit_allowed_when_asked():
+    assert systemd.refusal("nvidia-persistenced.service", allow_protected=True) is None
+    assert systemd.refusal("vllm.service", allow_protected=False) is None
+
+
+def test_parse_show_keeps_values_with_equals_signs():
+    text = "Id=vllm.service\nExecStart={ path=/usr/bin/vllm ; argv[]=/usr/bin/vllm serve --x=1 }\nJob=\n"
+    parsed = systemd.parse_show(text)
+    assert parsed["ExecStart"].endswith("--x=1 }") and parsed["Job"] == ""
+
+
+def test_unit_warnings_name_unsafe_settings():
+    """S8, S10: the unit's own policy would not finish the job."""
+    state = systemd.UnitState({"Id": "minio.service", "KillMode": "none", "SendSIGKILL": "no", "TimeoutStopUSec": "infinity",
+                               "TriggeredBy": "minio.socket"})
+    text = " ".join(state.warnings())
+    assert "KillMode=none" in text and "SendSIGKILL=no" in text and "TimeoutStopSec=infinity" in text and "minio.socket" in text
+
+
+def test_cgroup_is_located_on_v2_hybrid_v1_and_inside_a_container(tmp_path):
+    """S27 (layout part): ControlGroup is relative to systemd's root, which in a container is the container's group."""
+    proc = tmp_path / "proc" / "1"
+    proc.mkdir(parents=True)
+    reader = ProcReader(str(tmp_path / "proc"))
+    for layout in ("", "unified", "systemd"):
+        (proc / "cgroup").write_text("0::/init.scope\n")
+        group = tmp_path / "cg" / layout / "system.slice" / "vllm.service"
+        group.mkdir(parents=True)
+        (group / "cgroup.procs").write_text("")
+        assert systemd.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(group)
+        (group / "cgroup.procs").unlink()
+    (proc / "cgroup").write_text("0::/machine.slice/libpod-abc.scope/init.scope\n")
+    nested = tmp_path / "cg" / "unified" / "machine.slice" / "libpod-abc.scope" / "system.slice" / "vllm.service"
+    nested.mkdir(parents=True)
+    (nested / "cgroup.procs").write_text("")
+    assert systemd.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(nested)
+    assert systemd.Cgroup.locate("/system.slice/gone.service", reader, str(tmp_path / "cg")).directory is None
+
+
+class FakeCgroup(systemd.Cgroup):
+    """A control group whose members are real processes; no cgroup.kill, so the kill loop is exercised."""
+
+    def __init__(self, unit: FakeSystemd):
+        super().__init__("fake", ProcReader())
+        self.unit = unit
+
+    @property
+    def has_kill_file(self) -> bool:
+        return False
+
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.unit.members if alive(proc.pid)]
+
+    def empty(self) -> bool:
+        return not self.pids()
+
+
+class FakeSystemd:
+    """One unit: a main process plus others, with KillMode semantics and an optional restart after the stop."""
+
+    def __init__(self, members: list[subprocess.Popen], kill_mode: str = "control-group", restart_after_stop: bool = False):
+        self.members = members
+        self.kill_mode = kill_mode
+        self.restart_after_stop = restart_after_stop
+        self.calls: list[str] = []
+        self.stopping = False
+        self.invocation = "inv-1"
+        self.restarts = 0
+
+    def show(self, unit: str) -> systemd.UnitState:
+        self.calls.append("show")
+        for proc in self.members:
+            proc.poll()  # reap, as systemd reaps its children
+        main_alive = alive(self.members[0].pid)
+        if not self.stopping:
+            active = "active" if main_alive else "inactive"
+        elif main_alive:
+            active = "deactivating"
+        else:
+            active = "inactive"
+            if self.restart_after_stop:
+                self.invocation, self.restarts, active = "inv-2", self.restarts + 1, "active"
+        return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
+                                  "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
+                                  "InvocationID": self.invocation, "NRestarts": str(self.restarts)})
+
+    def stop(self, unit: str) -> None:
+        self.calls.append("stop")
+        self.stopping = True
+        targets = self.members[:1] if self.kill_mode in ("process", "mixed") else self.members
+        if self.kill_mode != "none":
+            for proc in targets:
+                if alive(proc.pid):
+                    proc.send_signal(signal.SIGTERM)
+
+    def disable(self, unit: str) -> None:
+        self.calls.append("disable")
+
+
+def sleeper(ignore_term: bool = False) -> subprocess.Popen:
+    code = "import signal, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "") + "print('up', flush=True)\ntime.sleep(1e6)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+@pytest.fixture
+def unit_processes():
+    started: list[subprocess.Popen] = []
+
+    def start(ignore_term: bool = False) -> subprocess.Popen:
+        started.append(sleeper(ignore_term))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def run_stop(fake: FakeSystemd, stop_timeout=5.0, kill_timeout=5.0, settle=0.0) -> systemd.StopOutcome:
+    request = systemd.StopRequest("engine.service", stop_timeout, kill_timeout, False, False, False, settle)
+    state = fake.show("engine.service")
+    cgroup = FakeCgroup(fake)
+    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set())
+    stopper = systemd.UnitStopper(fake, ProcReader(), Signaller(), locate=lambda path, reader: cgroup)
+    return stopper.run(plan, request)
+
+
+def test_well_behaved_unit_stops_without_escalation(unit_processes):
+    """S6."""
+    fake = FakeSystemd([unit_processes(), unit_processes()])
+    outcome = run_stop(fake)
+    assert not outcome.escalated and outcome.errors == [] and outcome.survivors == []
+    assert {m["pid"] for m in outcome.terminated} == {p.pid for p in fake.members}
+    assert fake.calls.index("stop") < len(fake.calls)
+
+
+def test_sigterm_ignorer_with_infinite_timeout_is_killed_at_our_deadline(unit_processes):
+    """S7, S8, S14: stop job first, then at our deadline the whole group is SIGKILLed by the loop."""
+    fake = FakeSystemd([unit_processes(ignore_term=True), unit_processes(ignore_term=True)])
+    started = time.monotonic()
+    outcome = run_stop(fake, stop_timeout=0.5)
+    assert time.monotonic() - started < 5
+    assert outcome.escalated and outcome.kill_method == "signal loop"
+    assert {m["pid"] for m in outcome.killed} == {p.pid for p in fake.members}
+    assert outcome.terminated == [] and outcome.survivors == [] and outcome.errors == []
+    assert fake.calls[0] == "show" and "stop" in fake.calls
+
+
+def test_killmode_process_leftovers_get_sigterm_then_are_gone(unit_processes):
+    """S9: the unit is inactive while its other processes live on; they are terminated, not left behind."""
+    fake = FakeSystemd([unit_processes(), unit_processes(), unit_processes()], kill_mode="process")
+    outcome = run_stop(fake, stop_timeout=5)
+    assert not outcome.escalated
+    assert {m["pid"] for m in outcome.terminated} == {p.pid for p in fake.members}
+    assert all(not alive(p.pid) for p in fake.members)
+
+
+def test_killmode_none_leftovers_ignoring_sigterm_are_killed(unit_processes):
+    """S10 with a SIGTERM-ignoring leftover."""
+    main, stubborn = unit_processes(), unit_processes(ignore_term=True)
+    fake = FakeSystemd([main, stubborn], kill_mode="none")
+    main.terminate()
+    outcome = run_stop(fake, stop_timeout=0.5)
+    assert outcome.escalated and [m["pid"] for m in outcome.killed] == [stubborn.pid]
+
+
+def test_restart_after_stop_is_detected(unit_processes):
+    """S13/S18: a new InvocationID after our stop fails the run instead of reporting it stopped."""
+    fake = FakeSystemd([unit_processes()], restart_after_stop=True)
+    outcome = run_stop(fake, settle=0.1)
+    assert outcome.restarted
+    assert "was started again (InvocationID inv-1 -> inv-2, NRestarts 0 -> 1)" in outcome.errors[0]
+
+
+def test_plan_refuses_a_group_holding_this_run(unit_processes):
+    """S24."""
+    proc = unit_processes()
+    fake = FakeSystemd([proc])
+    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    with pytest.raises(Refused, match="holds this module or its ancestors"):
+        systemd.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), protected_pids={proc.pid})
+
+
+def test_plan_for_inactive_empty_missing_and_failed_units(unit_processes):
+    """S1, S2, S31: unchanged when down and empty; a failed unit with leftovers still needs a stop."""
+    request = systemd.StopRequest("engine.service", 1, 1, False, True, False, 0)
+    empty = systemd.Cgroup(None, ProcReader())
+    down = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"})
+    assert not systemd.plan_stop(request, down, empty, set()).changes
+    missing = systemd.UnitState({"Id": "engine.service", "LoadState": "not-found", "ActiveState": "inactive"})
+    plan = systemd.plan_stop(request, missing, empty, set())
+    assert not plan.found and not plan.changes
+    with pytest.raises(Refused, match="does not exist"):
+        systemd.plan_stop(systemd.StopRequest("engine.service", 1, 1, True, False, False, 0), missing, empty, set())
+    fake = FakeSystemd([unit_processes()])
+    failed = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "failed"})
+    assert systemd.plan_stop(request, failed, FakeCgroup(fake), set()).stop
+    enabled = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled"})
+    assert systemd.plan_stop(request, enabled, empty, set()).disable
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"name": "sglang*"}, "glob pattern"),
+    ({"name": "init.scope"}, "PID 1"),
+    ({"name": "sshd"}, "protected"),
+    ({"name": "vllm", "stop_timeout": -1}, "stop_timeout: must be at least 0"),
+    ({"name": "vllm", "kill_timeout": "later"}, "kill_timeout"),
+    ({"name": "vllm", "settle": -0.5}, "settle: must be at least 0"),
+])
+def test_module_rejects_bad_input_before_calling_systemctl(args, message, tmp_path):
+    """Nothing executed: PATH holds no systemctl, so reaching it would fail differently."""
+    result = run_module("systemd_stop_hard", args, env={"PATH": str(tmp_path)})
+    assert result.failed and message in result["msg"]
+
+
+def test_module_without_systemctl_fails_cleanly(tmp_path):
+    """S34."""
+    result = run_module("systemd_stop_hard", {"name": "vllm"}, env={"PATH": str(tmp_path)})
+    assert result.failed and "systemctl" in result["msg"] and "Traceback" not in result["msg"]
+
+
+def test_module_without_systemd_as_init_reports_systemctl_error():
+    """S34: on this test machine PID 1 is not systemd; the error is systemctl's own, no fallback to killing."""
+    result = run_module("systemd_stop_hard", {"name": "vllm"})
+    if not result.failed:
+        pytest.skip("this machine runs systemd; the lab scenarios cover real stops")
+    assert "systemctl" in result["msg"] and result.result.get("killed") is None
