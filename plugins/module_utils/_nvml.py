@@ -13,6 +13,7 @@ NVML is used: no CUDA context is ever created on the GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -160,10 +161,8 @@ class NvmlClient:
     def _abandon(self) -> None:
         """Kill a worker that stopped answering; one stuck in the kernel is left, never waited for."""
         if self.pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self._reap(timeout=0.5)
         self._close_pipes()
 

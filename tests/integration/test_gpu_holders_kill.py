@@ -15,6 +15,8 @@ import time
 import pytest
 from conftest import HELPER, alive, run_module
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
 MODULE = "gpu_holders_kill"
 
 
@@ -101,7 +103,7 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
     """G17: the leader is a zombie but its worker thread still holds the device."""
     _, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
     deadline = time.monotonic() + 5
-    while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    while ProcReader().stat(pid).state != "Z":
         assert time.monotonic() < deadline, "leader never became a zombie"
         time.sleep(0.02)
     assert len(os.listdir(f"/proc/{pid}/task")) == 2

@@ -1,0 +1,42 @@
+"""Each module's DOCUMENTATION agrees with its argument spec, as ansible-test's validate-modules would check."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import yaml
+
+MODULES = ["systemd_stop_hard", "gpu_holders_kill", "gpu_memory_assert"]
+TYPE_NAMES = {"str": "str", "float": "float", "int": "int", "bool": "bool", "list": "list"}
+
+
+def load(name: str):
+    module = importlib.import_module(f"ansible_collections.gpufleet.serving.plugins.modules.{name}")
+    return module, yaml.safe_load(module.DOCUMENTATION), yaml.safe_load(module.EXAMPLES), yaml.safe_load(module.RETURN)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documented_options_match_the_argument_spec(name):
+    module, doc, _, _ = load(name)
+    assert doc["module"] == name
+    assert not doc["short_description"].endswith(".")
+    assert set(doc["options"]) == set(module.ARGUMENT_SPEC)
+    for option, spec in module.ARGUMENT_SPEC.items():
+        documented = doc["options"][option]
+        assert documented["type"] == TYPE_NAMES[spec["type"]], option
+        assert documented.get("default") == spec.get("default"), option
+        assert documented.get("required", False) == spec.get("required", False), option
+        assert documented.get("choices") == spec.get("choices"), option
+        assert documented.get("elements") == spec.get("elements"), option
+        assert documented.get("description"), option
+    assert doc["attributes"]["check_mode"]["support"] == "full"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_examples_use_fqcn_and_returns_are_described(name):
+    _, _, examples, returns = load(name)
+    for task in examples:
+        assert f"gpufleet.serving.{name}" in task, task["name"]
+    for key, value in returns.items():
+        assert value.get("description") and value.get("returned") and value.get("type"), key

@@ -1,0 +1,184 @@
+"""Parsers, planners, classifiers and pollers, with an injected clock where time matters."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import parse_maps_identities, protected_name
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline, poll_until
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import parse_cgroup_unit, parse_stat, parse_status
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
+
+
+class FakeClock(Clock):
+    """Time moves only when the code under test sleeps (or a test jumps it)."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        super().__init__(monotonic=lambda: self.now, sleep=self._sleep)
+
+    def _sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_parse_stat_handles_spaces_and_parentheses_in_comm():
+    text = "4242 (py (worker) 1) S 1 4242 4242 0 -1 4194560 10 0 0 0 1 2 0 0 20 0 3 0 987654 1000 100 ..."
+    stat = parse_stat(text)
+    assert (stat.pid, stat.comm, stat.state, stat.ppid, stat.start_time) == (4242, "py (worker) 1", "S", 1, 987654)
+    assert not stat.is_kernel_thread
+
+
+def test_kernel_threads_are_recognised_by_flag_and_parent():
+    kthread = parse_stat("77 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 12 0 0 ...")
+    assert kthread.is_kernel_thread
+    assert parse_stat("2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0 ...").is_kernel_thread
+
+
+def test_parse_status_and_cgroup_unit():
+    status = parse_status("Name:\tpython3\nTgid:\t10\nNSpid:\t10\t1\nUid:\t0\t0\t0\t0\n")
+    assert status["Tgid"] == "10" and status["NSpid"] == "10\t1"
+    assert parse_cgroup_unit("0::/system.slice/vllm.service\n") == "vllm.service"
+    assert parse_cgroup_unit("1:name=systemd:/system.slice/sglang.service/payload\n0::/\n") == "sglang.service"
+    assert parse_cgroup_unit("0::/user.slice/user-0.slice/session-3.scope\n") == "session-3.scope"
+    assert parse_cgroup_unit("0::/\n") is None
+
+
+def test_parse_maps_identities_reads_hex_device_and_inode():
+    text = ("7f00-7f01 rw-s 00000000 00:05 1027 /dev/nvidia0\n"
+            "7f01-7f02 r--p 00000000 fd:01 131 /usr/lib/libc.so.6\n"
+            "7f02-7f03 rw-p 00000000 00:00 0 \n"
+            "7ffd-7ffe rw-p 00000000 00:00 0 [stack]\n")
+    assert parse_maps_identities(text) == {(os.makedev(0, 5), 1027), (os.makedev(0xfd, 1), 131)}
+
+
+@pytest.mark.parametrize(("comm", "exe", "expected"), [
+    ("nvidia-persiste", "/usr/bin/nvidia-persistenced", "nvidia-persistenced"),  # comm cut at 15
+    ("nvidia-persiste", None, "nvidia-persistenced"),
+    ("python3", "/usr/bin/nv-hostengine (deleted)", "nv-hostengine"),
+    ("containerd-shim", "/usr/bin/containerd-shim-runc-v2", "containerd-shim"),
+    ("python3", "/usr/bin/python3.11", None),
+    ("systemd-journal", "/usr/lib/systemd/systemd-journald", None),  # only `systemd` itself is protected
+])
+def test_protected_names_match_comm_or_executable(comm, exe, expected):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import BUILTIN_PROTECTED_NAMES
+    assert protected_name(comm, exe, list(BUILTIN_PROTECTED_NAMES)) == expected
+
+
+def test_poll_until_stops_at_the_deadline_without_overrunning():
+    """M15: monotonic deadline; the last sleep is cut to what is left."""
+    clock = FakeClock()
+    outcome = poll_until(lambda: 1, lambda value: False, timeout=2.0, interval=0.75, clock=clock)
+    assert not outcome.satisfied and outcome.attempts == 4
+    assert clock.sleeps == [0.75, 0.75, 0.5]
+    assert outcome.elapsed == pytest.approx(2.0)
+
+
+def test_poll_until_returns_on_first_success_and_on_stop_early():
+    clock = FakeClock()
+    values = iter([3, 2, 0])
+    outcome = poll_until(lambda: next(values), lambda v: v == 0, timeout=10, interval=1, clock=clock)
+    assert outcome.satisfied and outcome.attempts == 3 and outcome.value == 0
+    early = poll_until(lambda: "lost", lambda v: False, timeout=10, interval=1, clock=FakeClock(), stop_early=lambda v: v == "lost")
+    assert not early.satisfied and early.attempts == 1
+
+
+def test_poll_until_with_zero_timeout_probes_once():
+    outcome = poll_until(lambda: 5, lambda v: False, timeout=0, interval=1, clock=FakeClock())
+    assert outcome.attempts == 1
+
+
+def test_deadline_ignores_wall_clock_steps():
+    clock = FakeClock()
+    deadline = Deadline(5, clock)
+    clock.now += 4.9
+    assert not deadline.expired() and deadline.remaining() == pytest.approx(0.1)
+    clock.now += 0.1
+    assert deadline.expired() and deadline.remaining() == 0
+
+
+@pytest.mark.parametrize(("value", "message"), [(-1, "at least 0"), (float("nan"), "not a number"), (True, "not a number"),
+                                                 (10**6, "more than a day")])
+def test_non_negative_seconds(value, message):
+    with pytest.raises(InvalidInput) as error:
+        non_negative("timeout", value)
+    assert message in error.value.msg and error.value.msg.startswith("timeout:")
+
+
+INVENTORY = {"driver_version": "580", "gpus": [
+    {"index": 0, "uuid": "GPU-a", "minor": 2, "status": "ok", "memory_api": "v2", "total_mib": 1000, "used_mib": 0, "reserved_mib": 10, "processes": []},
+    {"index": 1, "uuid": "GPU-b", "minor": 0, "status": "ok", "memory_api": "v2", "total_mib": 1000, "used_mib": 700, "reserved_mib": 10,
+     "processes": [{"pid": 5, "used_mib": 700, "type": "compute"}]},
+    {"index": 2, "uuid": "GPU-c", "status": "lost", "error": "GPU is lost", "processes": []},
+]}
+
+
+def test_select_gpus_by_index_uuid_and_default():
+    assert select_gpus(None, INVENTORY) == [0, 1, 2]
+    assert select_gpus(["GPU-b", "0", "1"], INVENTORY) == [1, 0]
+    with pytest.raises(InvalidInput, match="GPU index 3 does not exist"):
+        select_gpus(["3"], INVENTORY)
+
+
+@pytest.mark.parametrize("selector", ["", "gpu0", "-1", "GPU-", "GPU-a b", "1.5"])
+def test_gpu_selector_syntax(selector):
+    with pytest.raises(InvalidInput):
+        validate_gpu_selectors([selector])
+
+
+def test_assess_flags_used_memory_processes_and_fatal_status():
+    assessment = memory.assess(INVENTORY, [0, 1, 2], memory.Limits(max_used_mib=512, max_processes=0))
+    assert assessment.dirty == [1, 2] and assessment.fatal == [2] and not assessment.passed
+    problems = {gpu["index"]: gpu["problems"] for gpu in assessment.gpus}
+    assert problems[0] == []
+    assert problems[1] == ["700 MiB used > max_used_mib 512", "1 processes > max_processes 0"]
+    assert problems[2] == ["NVML status lost: GPU is lost"]
+
+
+def test_v1_reading_is_compared_after_subtracting_the_reserve():
+    """M2: v1 615 MiB on an idle GPU is 0 after the reserve; a raw comparison would fail a 512 MiB check."""
+    idle_v1 = {"memory_api": "v1", "used_mib": 615}
+    assert memory.comparable_used_mib(idle_v1, 1024) == 0
+    assert memory.comparable_used_mib({"memory_api": "v1", "used_mib": 3000}, 1024) == 1976
+    assert memory.comparable_used_mib({"memory_api": "v2", "used_mib": 615}, 1024) == 615
+
+
+def test_classification_and_failure_message():
+    assessment = memory.assess(INVENTORY, [1, 2], memory.Limits(max_used_mib=512))
+    holders = {0: [{"pid": 5, "comm": "python3", "state": "S"}]}
+    details = memory.explain_dirty(assessment, holders, proc_confirmed={5})
+    assert details[1]["classification"] == memory.HOLDER_PRESENT
+    assert details[2]["classification"] == memory.GPU_LOST
+    assert memory.classify({"status": "ok"}, []) == memory.NO_HOLDER_FOUND
+    assert memory.classify({"status": "reset_required"}, []) == memory.RESET_REQUIRED
+    message = memory.failure_message(assessment, details, timeout=60)
+    assert message.splitlines()[0] == "2 of 2 GPU(s) not clean after 60s:"
+    assert "GPU 1 (GPU-b, bus ?): 700 MiB used > max_used_mib 512; holders in /proc: 5 (python3, state S); NVML processes: 5;" in message
+
+
+def test_stale_nvml_pid_is_marked_in_details():
+    assessment = memory.assess(INVENTORY, [1], memory.Limits(max_used_mib=512))
+    details = memory.explain_dirty(assessment, {}, proc_confirmed=set())
+    assert details[1]["nvml_processes"][0]["stale"] == "not a live holder in /proc"
+    assert details[1]["classification"] == memory.NO_HOLDER_FOUND
+
+
+def test_watch_passes_when_memory_frees_and_stops_early_on_a_lost_gpu():
+    """M3, M7 with an injected clock and scripted NVML readings."""
+    request = memory.MemoryRequest(None, None, memory.Limits(512), timeout=30, interval=0.5, nvml_timeout=10, device_paths=[])
+    busy = {"driver_version": "x", "gpus": [dict(INVENTORY["gpus"][1])]}
+    busy["gpus"][0]["index"] = 0
+    free = {"driver_version": "x", "gpus": [dict(busy["gpus"][0], used_mib=0, processes=[])]}
+    readings = iter([busy, busy, free])
+    clock = FakeClock()
+    watched = memory.watch(lambda: next(readings), request, [0], next(readings), clock)
+    assert watched.assessment.passed and watched.attempts == 3 and watched.elapsed == pytest.approx(1.0)
+    lost = {"driver_version": "x", "gpus": [{"index": 0, "status": "lost", "processes": []}]}
+    stopped = memory.watch(lambda: lost, request, [0], lost, FakeClock())
+    assert not stopped.assessment.passed and stopped.attempts == 1 and not stopped.timed_out

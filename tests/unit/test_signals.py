@@ -1,0 +1,103 @@
+"""Signalling by identity with real processes: PID reuse, exits before the signal, kernels without pidfds."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import alive
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill
+
+
+def start(ignore_term: bool = False) -> subprocess.Popen:
+    code = ("import signal, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "print('up', flush=True)\ntime.sleep(1e6)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield lambda **kw: started.append(start(**kw)) or started[-1]
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def identity(proc: subprocess.Popen) -> ProcessIdentity:
+    return ProcessIdentity(proc.pid, ProcReader().start_time(proc.pid))
+
+
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_reused_pid_is_never_signalled(procs, use_pidfd):
+    """G10/G12 via psutil's technique: the recorded start time no longer matches the process at that PID."""
+    proc = procs()
+    tampered = ProcessIdentity(proc.pid, identity(proc).start_time + 100)
+    outcome = terminate_then_kill(Signaller(use_pidfd=use_pidfd), [tampered], 1, 1)
+    assert outcome.not_signalled == [{"pid": proc.pid, "start_time": tampered.start_time, "reason": "pid reused by another process"}]
+    assert outcome.signals == [] and alive(proc.pid)
+
+
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_term_then_kill_gives_the_same_results_with_and_without_pidfds(procs, use_pidfd):
+    """G30: the fallback path (start-time re-check before kill) behaves the same on these cases."""
+    polite, stubborn = procs(), procs(ignore_term=True)
+    polite_id, stubborn_id = identity(polite), identity(stubborn)
+    outcome = terminate_then_kill(Signaller(use_pidfd=use_pidfd), [polite_id, stubborn_id], 0.5, 5)
+    assert outcome.terminated == [polite_id]
+    assert outcome.killed == [stubborn_id]
+    assert outcome.survivors == []
+    assert not alive(polite.pid) and not alive(stubborn.pid)
+
+
+def test_process_that_exits_before_the_first_signal_is_reported_not_signalled(procs):
+    """G13/G31: gone between the scan and the signal; pidfd_open's ESRCH/EINVAL mean 'exited', not an error."""
+    proc = procs()
+    recorded = identity(proc)
+    proc.kill()
+    proc.wait()
+    outcome = terminate_then_kill(Signaller(), [recorded], 1, 1)
+    assert outcome.not_signalled[0]["reason"] == "exited before signal" and outcome.signals == []
+
+
+class RacingSignaller(Signaller):
+    """Replaces the target with a new process right after the pidfd is opened (the G12 window)."""
+
+    def __init__(self, on_open):
+        super().__init__()
+        self.on_open = on_open
+
+    def open(self, wanted):
+        result = super().open(wanted)
+        self.on_open()
+        return result
+
+
+def test_pidfd_stays_bound_to_the_classified_process_when_it_exits_after_open(procs):
+    """Once the pidfd is open, the signal can only reach that process: a later exit gives 'gone', never a stray kill."""
+    proc = procs()
+    racer = RacingSignaller(on_open=lambda: (proc.kill(), proc.wait()))
+    outcome = terminate_then_kill(racer, [identity(proc)], 1, 1)
+    assert [s["result"] for s in outcome.signals] == ["gone"]
+    assert outcome.not_signalled[0]["reason"] == "exited before signal"
+
+
+def test_pid_one_is_refused_even_if_planned():
+    with pytest.raises(ValueError, match="refusing to signal PID 1"):
+        Signaller().open(ProcessIdentity(1, 1))
+
+
+def test_sigcont_follows_sigterm_for_stopped_processes(procs):
+    """G16 at the signalling layer: a stopped process exits on SIGTERM only once continued."""
+    proc = procs()
+    proc.send_signal(signal.SIGSTOP)
+    outcome = terminate_then_kill(Signaller(), [identity(proc)], 5, 1)
+    assert [s["signal"] for s in outcome.signals] == ["SIGTERM", "SIGCONT"]
+    assert [p.pid for p in outcome.terminated] == [proc.pid]
