@@ -6,10 +6,11 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert
 
-.PHONY: help setup test lint unit docs clean
+.PHONY: help setup demo test lint unit docs clean
 
 help:
 	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
+	@echo "make demo    run the modules against 8 simulated GPUs on this machine"
 	@echo "make test    lint + docs + pytest (what CI runs)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make docs    render every module's documentation with ansible-doc"
@@ -24,6 +25,9 @@ setup: $(BIN)/python
 	mkdir -p $(dir $(COLLECTION_LINK))
 	ln -sfn ../../.. $(COLLECTION_LINK)
 	@echo "ready: source $(BIN)/activate"
+
+demo:
+	$(BIN)/python tests/sim/demo/run_modules_demo.py
 
 lint:
 	$(BIN)/ruff check .

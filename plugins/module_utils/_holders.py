@@ -264,10 +264,13 @@ def _stale_reason(pid: int, reader: ProcReader) -> str:
         return "implausible PID"
     try:
         status = reader.status(pid)
-    except (ProcessGone, PermissionError):
+        state = reader.stat(pid).state
+    except (ProcessGone, PermissionError, ValueError, IndexError):
         return "no such process"
     if status.get("Tgid") != str(pid):
         return "a thread id, not a process"
+    if state in EXITED_STATES and reader.thread_count(pid) <= 1:
+        return "exited (a zombie its parent has not reaped)"
     return "PID now belongs to a process that holds no GPU device (reused)"
 
 

@@ -421,7 +421,8 @@ class UnitStopper:
         return state.inactive and not state.job_pending and self.cgroup(state, group_path).empty()
 
     def _alive(self, key: tuple[int, int]) -> bool:
-        return self.reader.start_time(key[0]) == key[1]
+        # an exited process awaiting its reaper is already out of the group: count it as gone
+        return self.reader.thread_group_alive(*key)
 
     def _describe(self, pid: int) -> dict:
         try:

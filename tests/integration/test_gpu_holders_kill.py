@@ -158,14 +158,19 @@ def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
     assert all(alive(pid) for pid in pids)
 
 
-def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env):
+@pytest.mark.parametrize(("reaped", "reason"), [(True, "no such process"), (False, "exited (a zombie its parent has not reaped)")])
+def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env, reaped, reason):
     """G9 / F8: the parent allocated and forked; it died; NVML still lists it while the child holds the memory."""
     proc, (parent, child) = processes.holder("--open", devices.gpu(2), devices.ctl, "--fork-child",
                                              "--sim-root", str(sim.root), "--alloc", "0:20480")
     proc.kill()
-    proc.wait()
+    if reaped:
+        proc.wait()
+    else:
+        while ProcReader().stat(parent).state != "Z":
+            time.sleep(0.01)
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
-    assert [(s["pid"], s["gpu"], s["reason"]) for s in result["stale_nvml_pids"]] == [(parent, 0, "no such process")]
+    assert [(s["pid"], s["gpu"], s["reason"]) for s in result["stale_nvml_pids"]] == [(parent, 0, reason)]
     assert pids_of(result["terminated"]) == {child}
     assert parent not in {s["pid"] for s in result["signals"]}
     # minor 2 is NVML index 0 in this simulation
@@ -323,7 +328,8 @@ def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, pro
           - async_run.protected | map(attribute='reason') | select('search', 'ansible-playbook') | list | length > 0
 """)
     env = {**os.environ, **nvml_env, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
-    run = subprocess.run(["sh", "-c", f'exec 3<"{devices.gpu(0)}"; exec ansible-playbook -i localhost, "{playbook}"'],
+    ansible_playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    run = subprocess.run(["sh", "-c", f'exec 3<"{devices.gpu(0)}"; exec "{ansible_playbook}" -i localhost, "{playbook}"'],
                          capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
     assert run.returncode == 0, run.stdout + run.stderr
     assert decoy.poll() is None
