@@ -144,6 +144,11 @@ class ModuleResult:
     def __getitem__(self, key):
         return self.result[key]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Warning texts (ansible-core 2.19 wraps each in a WarningSummary; older versions give strings)."""
+        return [w["event"]["msg"] if isinstance(w, dict) else w for w in self.result.get("warnings", [])]
+
 
 def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120) -> ModuleResult:
     """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -338,3 +339,41 @@ def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, pro
 def test_helper_is_executable_python():
     """The helper is what the lab installs on nodes; it must stay importable."""
     assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True).returncode == 0
+
+
+def test_holder_inside_a_service_is_reported_with_its_unit_and_a_warning(devices, processes, nvml_env):
+    """G25: a holder that systemd may restart; the report names the unit and advises stopping it first."""
+    group = f"/sys/fs/cgroup/systemd/gpufleet-test-{os.getpid()}.service"
+    try:
+        os.mkdir(group)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup here: {exc}")
+    try:
+        _, (pid,) = processes.holder("--open", devices.gpu(0))
+        with open(f"{group}/cgroup.procs", "w") as procs:
+            procs.write(str(pid))
+        result = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+        assert result["targets"][0]["unit"] == f"gpufleet-test-{os.getpid()}.service"
+        assert any("stop it with gpufleet.serving.systemd_stop_hard first" in w for w in result.warnings)
+    finally:
+        processes.cleanup()
+        for _ in range(100):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, nvml_env):
+    """G22: the holder opened the same device through another path (a renamed or bind-mounted node)."""
+    node = tmp_path / "renamed" / "nvidia-alias"
+    node.parent.mkdir()
+    try:
+        os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 7))  # the device behind /dev/full
+    except PermissionError:
+        pytest.skip("mknod is not permitted here")
+    _, (pid,) = processes.holder("--open", "/dev/full")
+    result = run_module(MODULE, {"device_paths": [str(node)], "sources": ["proc"]}, check_mode=True, env=nvml_env)
+    planned = [target for target in result["targets"] if target["pid"] == pid]
+    assert planned and planned[0]["devices"] == [str(node)] and planned[0]["via"] == ["fd"]

@@ -1,0 +1,115 @@
+"""Killing a unit's control group for real: cgroup v2 with cgroup.kill, and the v1 loop without it.
+
+The groups are created by the test in the machine's own hierarchies (as root); each holds a daemonising
+tree - a child, a `setsid` escapee and a double-forked orphan reparented to PID 1 (the catalogue's F2) -
+next to a decoy outside the group that must survive.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import alive
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Cgroup
+
+HIERARCHIES = {"v2": "/sys/fs/cgroup/unified", "v1": "/sys/fs/cgroup/systemd"}
+
+
+def make_group(root: str) -> str:
+    if not os.path.isfile(os.path.join(root, "cgroup.procs")):
+        pytest.skip(f"no cgroup hierarchy at {root}")
+    path = os.path.join(root, f"gpufleet-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        pytest.skip(f"cannot create a cgroup here: {exc}")
+    return path
+
+
+@pytest.fixture(params=sorted(HIERARCHIES))
+def group(request):
+    path = make_group(HIERARCHIES[request.param])
+    yield request.param, path
+    for _ in range(100):
+        try:
+            os.rmdir(path)
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def daemonising_tree(group_path: str, count_file: str) -> subprocess.Popen:
+    """A shell that joins the group, then starts a child, a setsid escapee and an orphan, and records their pids."""
+    script = (f'echo $$ > "{group_path}/cgroup.procs"; '
+              "sleep 1000 & echo $! >> \"$0\"; "
+              "setsid sleep 1000 & echo $! >> \"$0\"; "
+              "(sleep 1000 & echo $! >> \"$0\"); "
+              "echo $$ >> \"$0\"; exec sleep 1000")
+    proc = subprocess.Popen(["sh", "-c", script, count_file])
+    deadline = time.monotonic() + 10
+    recorded = Path(count_file)
+    while not recorded.exists() or len(recorded.read_text().split()) < 4:
+        assert time.monotonic() < deadline, "tree did not start"
+        time.sleep(0.02)
+    return proc
+
+
+def test_whole_group_is_killed_and_the_decoy_outside_survives(group, tmp_path):
+    """S12, S27, S28: every process of the group dies (orphan with PPID 1 and setsid escapee included)."""
+    layout, path = group
+    decoy = subprocess.Popen(["sleep", "1000"])
+    tree = daemonising_tree(path, str(tmp_path / "pids"))
+    try:
+        pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+        cgroup = Cgroup(path, ProcReader())
+        assert set(pids) <= set(cgroup.pids())
+        assert not cgroup.empty()
+
+        method = cgroup.kill_all(Signaller(), Deadline(10))
+        assert method == ("cgroup.kill" if layout == "v2" else "signal loop")
+        deadline = time.monotonic() + 10
+        while not cgroup.empty():
+            tree.poll()
+            assert time.monotonic() < deadline, f"group still holds {cgroup.pids()}"
+            time.sleep(0.02)
+        tree.wait(timeout=10)
+        assert not any(alive(pid) for pid in pids)
+        assert alive(decoy.pid)
+    finally:
+        decoy.kill()
+        decoy.wait()
+        if tree.poll() is None:
+            tree.kill()
+            tree.wait()
+
+
+def test_forking_process_is_caught_by_the_kill(group, tmp_path):
+    """S28/S38: a process forking in a loop; forks racing the kill are killed too."""
+    _layout, path = group
+    script = f'echo $$ > "{path}/cgroup.procs"; while :; do sleep 1000 & done'
+    forker = subprocess.Popen(["sh", "-c", script])
+    cgroup = Cgroup(path, ProcReader())
+    try:
+        deadline = time.monotonic() + 10
+        while len(cgroup.pids()) < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        cgroup.kill_all(Signaller(), Deadline(10))
+        deadline = time.monotonic() + 10
+        while not cgroup.empty():
+            forker.poll()
+            assert time.monotonic() < deadline, f"{len(cgroup.pids())} processes left"
+            time.sleep(0.02)
+    finally:
+        if forker.poll() is None:
+            forker.kill()
+        forker.wait()
