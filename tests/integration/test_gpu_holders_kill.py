@@ -29,6 +29,14 @@ def pids_of(entries: list[dict]) -> set[int]:
     return {entry["pid"] for entry in entries}
 
 
+def wait_for_zombie_leader(pid: int) -> None:
+    """The helper's leader thread exits just after it reports ready; wait until only its worker thread runs."""
+    deadline = time.monotonic() + 5
+    while ProcReader().stat(pid).state != "Z":
+        assert time.monotonic() < deadline, "leader never became a zombie"
+        time.sleep(0.02)
+
+
 def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
     """G1."""
     for check_mode in (True, False):
@@ -103,10 +111,7 @@ def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env)
 def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, processes, nvml_env):
     """G17: the leader is a zombie but its worker thread still holds the device."""
     _, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
-    deadline = time.monotonic() + 5
-    while ProcReader().stat(pid).state != "Z":
-        assert time.monotonic() < deadline, "leader never became a zombie"
-        time.sleep(0.02)
+    wait_for_zombie_leader(pid)
     assert len(os.listdir(f"/proc/{pid}/task")) == 2
 
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
@@ -247,6 +252,7 @@ def test_bad_input_fails_clearly_and_signals_nothing(devices, processes, nvml_en
 def test_thread_id_in_protected_pids_is_rejected(devices, processes, nvml_env):
     """G14/G34: a thread id has a readable /proc entry and kill(tid) would hit the whole process."""
     _, (pid,) = processes.holder("--open", devices.gpu(0), "--zombie-leader")
+    wait_for_zombie_leader(pid)
     tid = next(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
     result = run_module(MODULE, kill_args(devices, protected_pids=[tid]), env=nvml_env)
     assert result.failed and f"protected_pids: {tid} is a thread id" in result["msg"]
