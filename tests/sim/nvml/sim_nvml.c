@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int nvmlReturn_t;
@@ -254,8 +255,37 @@ static int holder_alive(unsigned int pid, unsigned long long start_time)
 }
 
 /*
- * Allocation file: "gpu=<index> mib=<n> pid=<reported pid> kind=compute|graphics holder=<pid>:<start> ..."
- * Counts only while a holder lives; reports `pid`, which may be a dead process (stale NVML PID).
+ * Memory the driver frees some time after its last holder exited (pinned host memory, driver teardown):
+ * the first reader that sees every holder gone records the time in a dot file next to the allocation.
+ */
+static int still_lingering(const char *dir_path, const char *name, unsigned long long linger_ms)
+{
+    char marker[8192];
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long now_ms = (unsigned long long)now.tv_sec * 1000ULL + (unsigned long long)now.tv_nsec / 1000000ULL;
+    snprintf(marker, sizeof(marker), "%s/.%s.gone", dir_path, name);
+    FILE *fp = fopen(marker, "r");
+    unsigned long long gone_ms = 0;
+    if (fp) {
+        if (fscanf(fp, "%llu", &gone_ms) != 1)
+            gone_ms = now_ms;
+        fclose(fp);
+    } else {
+        fp = fopen(marker, "w");
+        if (fp) {
+            fprintf(fp, "%llu\n", now_ms);
+            fclose(fp);
+        }
+        gone_ms = now_ms;
+    }
+    return now_ms - gone_ms < linger_ms;
+}
+
+/*
+ * Allocation file: "gpu=<index> mib=<n> pid=<reported pid> kind=compute|graphics holder=<pid>:<start> ... [linger_ms=N] [leak=1]"
+ * Counts while a holder lives (then linger_ms more), or forever with leak=1; reports `pid`, which may be a
+ * dead process (stale NVML PID).
  */
 static int read_allocations(unsigned int gpu_index, const char *kind, sim_process *out, unsigned int max_out,
                             unsigned long long *used_bytes)
@@ -281,8 +311,8 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
         if (!got)
             continue;
         unsigned int gpu = ~0U, pid = 0;
-        unsigned long long mib = 0;
-        int alive = 0;
+        unsigned long long mib = 0, linger_ms = 0;
+        int alive = 0, leak = 0;
         char alloc_kind[16] = "compute";
         char *save = NULL;
         for (char *tok = strtok_r(line, " \r\n", &save); tok; tok = strtok_r(NULL, " \r\n", &save)) {
@@ -292,6 +322,10 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
                 mib = strtoull(tok + 4, NULL, 10);
             else if (strncmp(tok, "pid=", 4) == 0)
                 pid = (unsigned int)strtoul(tok + 4, NULL, 10);
+            else if (strncmp(tok, "linger_ms=", 10) == 0)
+                linger_ms = strtoull(tok + 10, NULL, 10);
+            else if (strcmp(tok, "leak=1") == 0)
+                leak = 1;
             else if (strncmp(tok, "kind=", 5) == 0)
                 snprintf(alloc_kind, sizeof(alloc_kind), "%s", tok + 5);
             else if (strncmp(tok, "holder=", 7) == 0) {
@@ -300,7 +334,9 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
                 alive |= holder_alive((unsigned int)strtoul(tok + 7, NULL, 10), start);
             }
         }
-        if (gpu != gpu_index || !alive)
+        if (!alive && !leak && linger_ms)
+            alive = still_lingering(dir_path, entry->d_name, linger_ms);
+        if (gpu != gpu_index || !(alive || leak))
             continue;
         *used_bytes += mib * MIB;
         if (kind && strcmp(kind, alloc_kind) != 0)

@@ -1,0 +1,374 @@
+"""Test double of the vLLM 0.33.0 and SGLang 0.5.23 servers, for the simulated lab. It is not an inference engine.
+
+    engine_double.py vllm MODEL [vllm serve options]       (installed as `vllm serve ...`)
+    engine_double.py sglang --model-path MODEL [options]   (installed as `sglang serve ...`, `python -m sglang.launch_server ...`)
+
+What it does like the real servers:
+- parses its command line with the real parsers' options (tests/sim/engine_cli.py) and exits 2 on what they reject;
+- starts one worker process per tensor-parallel rank; each holds /dev/nvidia<minor of its GPU>, /dev/nvidiactl and
+  /dev/nvidia-uvm and records its memory in the simulated NVML, and exits when the server exits (vLLM's death pipe,
+  SGLang's PDEATHSIG); refuses to start when its GPUs are not free, as vLLM does;
+- refuses connections while "loading", then serves /health, /v1/models, /v1/completions, /metrics (the real metric
+  names, speculative-decoding counters), SGLang's /health_generate and /ready, with --api-key enforced as each engine
+  does;
+- on SIGTERM: vLLM drains up to --shutdown-timeout, SGLang drains until no request runs (unbounded unless
+  SGL_FORCE_SHUTDOWN), then stops its workers and exits 0.
+
+Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang": {...}}) or GPUFLEET_SIM_FAULTS (JSON):
+  load_seconds (default 1)   time before the port listens
+  request_seconds (0.05)     time each completion takes
+  drain_seconds              keep running this long after SIGTERM before exiting
+  ignore_sigterm             the server ignores SIGTERM
+  escape_worker              the last worker leaves with setsid (double fork) and outlives the server
+  scope_worker               the last worker runs in its own transient scope (systemd-run --scope), outside the unit
+  release_delay_ms           GPU memory stays used this long after a worker exits
+  leak_mib                   this much memory stays used on each GPU with no process, until the node is reset
+  health_never_green         /health (and /health_generate, /ready) answer 503 forever
+  spec_acceptance (0.7)      share of drafted tokens accepted (low values: the drafter slows things down)
+  exit_on_start              exit 1 right after parsing, as on a bad model path
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_cli  # noqa: E402
+import nvml_sim  # noqa: E402
+
+FAULTS_FILE = Path("/etc/gpufleet-sim/faults.json")
+NVML_ROOT = Path(os.environ.get(nvml_sim.ROOT_ENV, "/run/gpufleet-sim/nvml"))
+DEV = Path(os.environ.get("GPUFLEET_SIM_DEV", "/dev"))
+PR_SET_NAME = 15
+VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+
+
+def set_title(title: str) -> None:
+    ctypes.CDLL(None).prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
+
+
+def load_faults(engine: str) -> dict:
+    faults: dict = {}
+    sources = []
+    if FAULTS_FILE.exists():
+        sources.append(json.loads(FAULTS_FILE.read_text() or "{}"))
+    if os.environ.get("GPUFLEET_SIM_FAULTS"):
+        sources.append(json.loads(os.environ["GPUFLEET_SIM_FAULTS"]))
+    for source in sources:
+        faults.update(source.get("*", {}))
+        faults.update(source.get(engine, {}))
+    return faults
+
+
+class Settings:
+    """What the double needs from the parsed command line, in one shape for both engines."""
+
+    def __init__(self, engine: str, args):
+        self.engine = engine
+        if engine == "vllm":
+            self.model = args.model_tag or args.model or "Qwen/Qwen3-0.6B"
+            self.served = (args.served_model_name or [self.model])[0]
+            self.host, self.port = args.host or "0.0.0.0", args.port or 8000
+            self.tp, self.dp = args.tensor_parallel_size or 1, args.data_parallel_size or 1
+            self.api_key = (args.api_key or [os.environ.get("VLLM_API_KEY")])[0]
+            self.speculative = bool(args.speculative_config)
+            self.memory_fraction = float(args.gpu_memory_utilization or 0.92)
+            self.drain_timeout = float(args.shutdown_timeout or 0)
+            self.metrics = True
+            self.context = int(args.max_model_len) if args.max_model_len and str(args.max_model_len).isdigit() else 32768
+        else:
+            self.model = args.model_path
+            if not self.model:
+                raise engine_cli.EngineCliError("the following arguments are required: --model-path")
+            self.served = args.served_model_name or self.model
+            self.host, self.port = args.host or "127.0.0.1", args.port or 30000
+            self.tp, self.dp = args.tp_size or 1, args.dp_size or 1
+            self.api_key = args.api_key
+            self.speculative = bool(args.speculative_algorithm)
+            self.memory_fraction = float(args.mem_fraction_static or 0.88)
+            self.drain_timeout = None  # unbounded, as SGLang's sigterm_watchdog
+            self.metrics = bool(args.enable_metrics)
+            self.context = int(args.context_length) if args.context_length and str(args.context_length).isdigit() else 32768
+
+
+class Server:
+    def __init__(self, settings: Settings, faults: dict):
+        self.settings = settings
+        self.faults = faults
+        self.running = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.warm = False
+        self.workers: list[subprocess.Popen] = []
+        self.created = int(time.time())
+        self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "steps": 3}
+
+    # --- GPUs and workers -------------------------------------------------------------------------------------------
+    def gpu_indexes(self) -> list[int]:
+        wanted = self.settings.tp * self.settings.dp
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        indexes = [int(i) for i in visible.split(",") if i.strip()] if visible else list(range(wanted))
+        return indexes[:wanted] if len(indexes) >= wanted else []
+
+    def start_workers(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        indexes = self.gpu_indexes()
+        if not indexes or max(indexes) >= count:
+            fail(f"need {self.settings.tp * self.settings.dp} GPU(s), {count} visible")
+        for rank, index in enumerate(indexes):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            total_mib, used_mib = memory.total >> 20, memory.used >> 20
+            if used_mib > total_mib * (1 - self.settings.memory_fraction):
+                fail(f"ValueError: Free memory on device cuda:{rank} ({(total_mib - used_mib) / 1024:.2f}/{total_mib / 1024:.2f} GiB) on "
+                     f"startup is less than desired GPU memory utilization ({self.settings.memory_fraction}, "
+                     f"{total_mib * self.settings.memory_fraction / 1024:.2f} GiB).")
+            spec = {"engine": self.settings.engine, "rank": rank, "gpu": index, "minor": pynvml.nvmlDeviceGetMinorNumber(handle),
+                    "mib": int(total_mib * self.settings.memory_fraction), "faults": self.faults,
+                    "escape": rank == len(indexes) - 1 and bool(self.faults.get("escape_worker"))}
+            argv = [sys.executable, os.path.abspath(__file__), "__worker__", json.dumps(spec)]
+            if rank == len(indexes) - 1 and self.faults.get("scope_worker"):
+                argv = ["systemd-run", "--scope", "--quiet", f"--unit=gpufleet-fixture-scope-{os.getpid()}", *argv]
+            worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+            if worker.stdout.readline().strip() != "ready":
+                fail(f"worker {rank} did not start")
+            self.workers.append(worker)
+        pynvml.nvmlShutdown()
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.terminate()
+        deadline = time.monotonic() + 5
+        for worker in self.workers:
+            try:
+                worker.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+
+    # --- serving ------------------------------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        if self.faults.get("health_never_green") or not self.warm:
+            return False
+        return not (self.settings.engine == "sglang" and self.stopping.is_set())
+
+    def complete(self, body: dict) -> tuple[int, dict]:
+        with self.lock:
+            self.running += 1
+        try:
+            time.sleep(float(self.faults.get("request_seconds", 0.05)))
+            tokens = int(body.get("max_tokens", 16))
+            if self.settings.speculative:
+                self.record_speculation(tokens)
+        finally:
+            with self.lock:
+                self.running -= 1
+        text = " Paris."[: max(1, tokens)]
+        usage = {"prompt_tokens": 6, "total_tokens": 6 + tokens, "completion_tokens": tokens, "prompt_tokens_details": None}
+        if self.settings.engine == "vllm":
+            return 200, {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
+                         "model": body.get("model") or self.settings.served,
+                         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None,
+                                      "weight_versions": None}],
+                         "service_tier": None, "system_fingerprint": f"vllm-0.33.0-tp{self.settings.tp}-1a2b3c4d",
+                         "usage": dict(usage, completion_tokens_details=None), "kv_transfer_params": None,
+                         "ec_transfer_params": None, "metrics": None}
+        return 200, {"id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()), "model": body.get("model", "default"),
+                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+                     "usage": dict(usage, reasoning_tokens=0, completion_tokens_details=None), "metadata": {"weight_version": "default"}}
+
+    def record_speculation(self, tokens: int) -> None:
+        acceptance = float(self.faults.get("spec_acceptance", 0.7))
+        with self.lock:
+            self.spec["drafts"] += tokens
+            self.spec["draft_tokens"] += tokens * self.spec["steps"]
+            self.spec["accepted"] += round(tokens * self.spec["steps"] * acceptance)
+
+    def models(self) -> dict:
+        card = {"id": self.settings.served, "object": "model", "created": self.created, "owned_by": self.settings.engine,
+                "root": self.settings.model if self.settings.engine == "vllm" else self.settings.served, "parent": None,
+                "max_model_len": self.settings.context}
+        if self.settings.engine == "vllm":
+            card["permission"] = [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission", "created": self.created,
+                                   "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                   "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                   "organization": "*", "group": None, "is_blocking": False}]
+        return {"object": "list", "data": [card]}
+
+    def metrics(self) -> str:
+        name = self.settings.served
+        spec = self.spec
+        if self.settings.engine == "vllm":
+            labels = f'{{model_name="{name}",engine="0"}}'
+            lines = [f"vllm:num_requests_running{labels} {self.running}", f"vllm:num_requests_waiting{labels} 0",
+                     f"vllm:kv_cache_usage_perc{labels} 0.0"]
+            if self.settings.speculative:
+                lines += [f"vllm:spec_decode_num_drafts_total{labels} {spec['drafts']}",
+                          f"vllm:spec_decode_num_draft_tokens_total{labels} {spec['draft_tokens']}",
+                          f"vllm:spec_decode_num_accepted_tokens_total{labels} {spec['accepted']}"]
+            return "\n".join(lines) + "\n"
+        labels = f'{{model_name="{name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"}}'
+        rate = spec["accepted"] / spec["draft_tokens"] if spec["draft_tokens"] else 0.0
+        lines = [f"sglang:num_running_reqs{labels} {self.running}", f"sglang:num_queue_reqs{labels} 0"]
+        if self.settings.speculative:
+            lines += [f"sglang:spec_accept_rate{labels} {rate:.4f}", f"sglang:spec_accept_length{labels} {1 + rate * spec['steps']:.4f}",
+                      f"sglang:spec_num_steps{labels} {spec['steps']}", f"sglang:spec_verify_calls_total{labels} {spec['drafts']}"]
+        return "\n".join(lines) + "\n"
+
+    def serve(self) -> None:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # the journal gets one line per request otherwise
+                pass
+
+            def send(self, status: int, body, content_type: str = "application/json") -> None:
+                data = (json.dumps(body) if not isinstance(body, str) else body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def authorized(self) -> bool:
+                key = server.settings.api_key
+                path = self.path.split("?")[0]
+                if not key:
+                    return True
+                if server.settings.engine == "vllm" and not path.startswith(("/v1", "/v2", "/inference", "/cohere")):
+                    return True
+                if server.settings.engine == "sglang" and path.startswith(("/health", "/ready", "/metrics")):
+                    return True
+                return self.headers.get("Authorization") == f"Bearer {key}"
+
+            def do_GET(self):
+                path = self.path.split("?")[0]
+                if not self.authorized():
+                    return self.send(401, {"error": "Unauthorized"})
+                if path in ("/health", "/health_generate", "/ready") and (path == "/health" or server.settings.engine == "sglang"):
+                    return self.send(200 if server.healthy() else 503, "", "text/plain")
+                if path == "/v1/models":
+                    return self.send(200, server.models())
+                if path == "/metrics" and server.settings.metrics:
+                    return self.send(200, server.metrics(), "text/plain; version=0.0.4")
+                if path == "/version":
+                    return self.send(200, {"version": VERSIONS[server.settings.engine]})
+                return self.send(404, {"detail": "Not Found"})
+
+            def do_POST(self):
+                path = self.path.split("?")[0]
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b"{}"
+                if not self.authorized():
+                    return self.send(401, {"error": "Unauthorized"})
+                if path != "/v1/completions":
+                    return self.send(404, {"detail": "Not Found"})
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    return self.send(400, {"object": "error", "message": "invalid JSON", "type": "Bad Request", "param": None, "code": 400})
+                model = body.get("model")
+                if server.settings.engine == "vllm" and model and model != server.settings.served:
+                    return self.send(404, {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                                                     "param": "model", "code": 404}})
+                return self.send(*server.complete(body))
+
+        httpd = ThreadingHTTPServer((self.settings.host, self.settings.port), Handler)
+        httpd.daemon_threads = True
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.warm = True
+        print(f"INFO: serving {self.settings.served} on http://{self.settings.host}:{self.settings.port}", flush=True)
+
+    # --- shutdown -----------------------------------------------------------------------------------------------------
+    def on_sigterm(self, _signum, _frame) -> None:
+        self.stopping.set()
+
+    def drain_and_exit(self) -> None:
+        print("INFO: SIGTERM received, draining", flush=True)
+        limit = self.settings.drain_timeout
+        deadline = None if limit is None or os.environ.get("SGL_FORCE_SHUTDOWN") else time.monotonic() + limit
+        if os.environ.get("SGL_FORCE_SHUTDOWN"):
+            deadline = time.monotonic()
+        while self.running and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.05)
+        time.sleep(float(self.faults.get("drain_seconds", 0)))
+        self.stop_workers()
+        print("INFO: shut down", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def fail(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def worker_main(spec: dict) -> None:
+    """One tensor-parallel rank: holds its GPU's device files and memory until the server goes away."""
+    faults = spec["faults"]
+    if spec["escape"]:
+        os.setsid()
+        if os.fork():
+            os._exit(0)  # the server loses track of it; it is reparented to PID 1
+    set_title(f"VLLM::Worker_TP{spec['rank']}" if spec["engine"] == "vllm" else f"sglang::scheduler_TP{spec['rank']}")
+    held = [open(DEV / f"nvidia{spec['minor']}", "rb"), open(DEV / "nvidiactl", "rb"), open(DEV / "nvidia-uvm", "rb")]  # noqa: SIM115
+    nvml_sim.allocate(NVML_ROOT, spec["gpu"], spec["mib"], [os.getpid()], linger_ms=int(faults.get("release_delay_ms", 0)))
+    if faults.get("leak_mib"):
+        nvml_sim.allocate(NVML_ROOT, spec["gpu"], int(faults["leak_mib"]), [], leak=True)
+    parent = os.getppid()
+    print("ready", flush=True)
+    if spec["escape"]:
+        sys.stdout.close()
+        while True:  # survives the server: nothing watches for its exit
+            time.sleep(3600)
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    del held
+    os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "__worker__":
+        return worker_main(json.loads(argv[1]))
+    if not argv or argv[0] not in ("vllm", "sglang"):
+        fail("usage: engine_double.py vllm|sglang [options]")
+    engine = argv[0]
+    try:
+        settings = Settings(engine, engine_cli.parse(engine, argv[1:]))
+    except engine_cli.EngineCliError as error:
+        prog = "vllm serve" if engine == "vllm" else "sglang serve"
+        print(f"usage: {prog} [options]\n{prog}: error: {error}", file=sys.stderr, flush=True)
+        os._exit(2)
+    faults = load_faults(engine)
+    if faults.get("exit_on_start"):
+        fail("RuntimeError: simulated start failure (exit_on_start)")
+    server = Server(settings, faults)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if faults.get("ignore_sigterm") else server.on_sigterm)
+    signal.signal(signal.SIGINT, server.on_sigterm)
+    server.start_workers()
+    time.sleep(float(faults.get("load_seconds", 1)))  # loading: the port does not listen yet
+    if not server.stopping.is_set():
+        server.serve()
+    server.stopping.wait()
+    server.drain_and_exit()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,280 @@
+"""The simulated GPU fleet: systemd nodes in podman, reached over SSH on ports of 127.0.0.1.
+
+    python tests/sim/lab.py up [--nodes 3] [--gpus 8]   build the node image if needed, start the nodes, write the inventory
+    python tests/sim/lab.py down                        remove every node of the lab
+    python tests/sim/lab.py reset NODE...               bring nodes back to their first-boot state (engines stopped, GPUs free)
+    python tests/sim/lab.py image                       only build the image
+
+Each node runs systemd as PID 1, sshd, Python with nvidia-ml-py, the simulated libnvidia-ml.so.1, N simulated GPUs
+(/dev/nvidia0..N-1, /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-caps/*; minors permuted against NVML indexes on
+every second node) and the engine doubles under the real entry points (`vllm serve`, `python -m
+sglang.launch_server`, `sglang serve`). The inventory goes to build/lab/inventory.ini (group gpu_nodes).
+The image is built once from Debian packages (debootstrap) and tagged with a hash of its recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BUILD = REPO / "build" / "lab"
+IMAGE_NAME = "localhost/gpufleet-lab-node"
+CONTAINER_PREFIX = "gpufleet-lab-"
+FIRST_SSH_PORT = 2221
+RECIPE_VERSION = "1"  # bump when build_image() changes
+PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "procps", "psmisc", "openssh-server",
+            "iproute2", "curl", "ca-certificates", "sudo"]
+# Files from this repository that go into the image; their contents are part of the image's hash.
+SIM_FILES = ["engine_double.py", "engine_cli.py", "nvml_sim.py", "node_setup.py", "engines/vllm-0.33.0-cli.json",
+             "engines/sglang-0.5.23-cli.json", "nvml/sim_nvml.c"]
+HELPER_FILES = [REPO / "tests" / "helpers" / "gpu_holder.py"]
+RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+VLLM_WRAPPER = """#!/bin/sh
+# Test double of vLLM's CLI: `vllm serve MODEL ...` (the simulated lab's engine, not vLLM)
+[ "$1" = serve ] || { echo "usage: vllm serve MODEL [options]" >&2; exit 2; }
+shift
+exec python3 /opt/gpufleet-sim/engine_double.py vllm "$@"
+"""
+SGLANG_WRAPPER = """#!/bin/sh
+# Test double of SGLang's CLI: `sglang serve ...` (the simulated lab's engine, not SGLang)
+[ "$1" = serve ] || { echo "usage: sglang serve --model-path MODEL [options]" >&2; exit 2; }
+shift
+exec python3 /opt/gpufleet-sim/engine_double.py sglang "$@"
+"""
+SGLANG_LAUNCH_SERVER = """# Test double of `python -m sglang.launch_server` (the simulated lab's engine, not SGLang)
+import runpy
+import sys
+
+sys.argv = ["engine_double.py", "sglang", *sys.argv[1:]]
+runpy.run_path("/opt/gpufleet-sim/engine_double.py", run_name="__main__")
+"""
+NODE_SETUP_UNIT = """[Unit]
+Description=Simulated GPUs: device files and NVML state (gpufleet lab)
+DefaultDependencies=no
+After=local-fs.target
+Before=multi-user.target ssh.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/python3 /opt/gpufleet-sim/node_setup.py
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, **kwargs)
+
+
+def debian_mirror() -> str:
+    """The mirror apt already uses on this machine (deb822 or one-line format)."""
+    sources = sorted(Path("/etc/apt/sources.list.d").glob("*")) + [Path("/etc/apt/sources.list")]
+    for source in sources:
+        if not source.is_file():
+            continue
+        for line in source.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("URIs:"):
+                return line.split()[1]
+            if line.startswith("deb ") and "debian" in line:
+                return [word for word in line.split() if word.startswith("http")][0]
+    raise SystemExit("no Debian mirror found in the apt sources of this machine")
+
+
+def image_tag() -> str:
+    digest = hashlib.sha256()
+    digest.update(" ".join(PACKAGES).encode())
+    digest.update(RECIPE_VERSION.encode())
+    for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, NODE_SETUP_UNIT):
+        digest.update(text.encode())
+    for path in [HERE / name for name in SIM_FILES] + HELPER_FILES:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def image_ref() -> str:
+    return f"{IMAGE_NAME}:{image_tag()}"
+
+
+def build_image() -> str:
+    ref = image_ref()
+    if subprocess.run(["podman", "image", "exists", ref]).returncode == 0:
+        return ref
+    started = time.monotonic()
+    sys.path.insert(0, str(HERE))
+    import nvml_sim
+
+    library = nvml_sim.build_library(REPO / "build" / "sim")
+    work = Path(tempfile.mkdtemp(prefix="gpufleet-rootfs-", dir=REPO / "build"))
+    rootfs = work / "rootfs"
+    try:
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm", str(rootfs), debian_mirror()],
+            stdout=subprocess.DEVNULL)
+        site = rootfs / "usr/local/lib/python3.11/dist-packages"
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), "nvidia-ml-py==13.615.71"])
+        (site / "sglang").mkdir(parents=True, exist_ok=True)
+        (site / "sglang" / "__init__.py").write_text("")
+        (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
+        shutil.copy(library, rootfs / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+        opt = rootfs / "opt/gpufleet-sim"
+        (opt / "engines").mkdir(parents=True)
+        (opt / "nvml").mkdir()
+        for name in SIM_FILES:
+            shutil.copy(HERE / name, opt / name)
+        for path in HELPER_FILES:
+            shutil.copy(path, opt / path.name)
+        for name, text in (("vllm", VLLM_WRAPPER), ("sglang", SGLANG_WRAPPER)):
+            wrapper = rootfs / "usr/local/bin" / name
+            wrapper.write_text(text)
+            wrapper.chmod(0o755)
+        unit = rootfs / "etc/systemd/system/gpufleet-sim-gpus.service"
+        unit.write_text(NODE_SETUP_UNIT)
+        wants = rootfs / "etc/systemd/system/multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        (wants / unit.name).symlink_to(f"/etc/systemd/system/{unit.name}")
+        (rootfs / "etc/machine-id").write_text("")
+        (rootfs / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+        sshd_config = rootfs / "etc/ssh/sshd_config.d/gpufleet-lab.conf"
+        sshd_config.write_text("PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        run(["podman", "import", "--quiet", "-", ref], stdin=tar.stdout, stdout=subprocess.DEVNULL)
+        tar.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"built {ref} in {time.monotonic() - started:.0f}s")
+    return ref
+
+
+def ssh_key() -> Path:
+    key = BUILD / "id_ed25519"
+    if not key.exists():
+        BUILD.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-lab", "-f", str(key)])
+    return key
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node{i}" for i in range(1, count + 1)]
+
+
+def node_minors(index: int, gpus: int) -> list[int]:
+    """Every second node has device minors permuted against NVML indexes, as real hosts can."""
+    if index % 2 == 1:
+        return list(range(gpus))
+    return list(reversed(range(gpus)))
+
+
+def write_node_config(name: str, index: int, gpus: int) -> Path:
+    directory = BUILD / "nodes" / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"name": name, "gpus": gpus, "minors": node_minors(index, gpus), "faults": {}}
+    (directory / "node.json").write_text(json.dumps(config, indent=1) + "\n")
+    (directory / "faults.json").write_text("{}\n")
+    return directory
+
+
+def up(count: int, gpus: int) -> None:
+    ref = build_image()
+    key = ssh_key()
+    down(quiet=True)
+    ports = {}
+    for index, name in enumerate(node_names(count), start=1):
+        config_dir = write_node_config(name, index, gpus)
+        port = FIRST_SSH_PORT + index - 1
+        run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
+             "-p", f"127.0.0.1:{port}:22", "-v", f"{config_dir}:/etc/gpufleet-sim:rw",
+             "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", ref, "/sbin/init"], stdout=subprocess.DEVNULL)
+        ports[name] = port
+    write_inventory(ports, key)
+    wait_ready(list(ports), key)
+    print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
+
+
+def write_inventory(ports: dict[str, int], key: Path) -> None:
+    lines = ["[gpu_nodes]"]
+    lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port}" for name, port in ports.items()]
+    lines += ["", "[gpu_nodes:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
+              "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
+              "ansible_python_interpreter=/usr/bin/python3", "gpu_teardown_expected_gpu_count=" + str(json.loads(
+                  (BUILD / "nodes" / next(iter(ports)) / "node.json").read_text())["gpus"])]
+    (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
+
+
+def wait_ready(names: list[str], key: Path, timeout: float = 120) -> None:
+    """Until systemd inside reports running (or degraded) and the simulated GPUs exist."""
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            probe = subprocess.run(["podman", "exec", CONTAINER_PREFIX + name, "sh", "-c",
+                                    "systemctl is-system-running; test -e /run/gpufleet-sim/ready"],
+                                   capture_output=True, text=True)
+            state = probe.stdout.split("\n")[0].strip()
+            if state in ("running", "degraded") and probe.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name} not ready after {timeout:g}s: {probe.stdout} {probe.stderr}")
+            time.sleep(0.5)
+
+
+def lab_containers() -> list[str]:
+    listing = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
+    return [name for name in listing.stdout.split() if name.startswith(CONTAINER_PREFIX)]
+
+
+def down(quiet: bool = False) -> None:
+    containers = lab_containers()
+    if containers:
+        run(["podman", "rm", "-f", "-t", "0", *containers], stdout=subprocess.DEVNULL)
+    if not quiet:
+        print(f"lab down: removed {len(containers)} node(s)")
+
+
+def reset(names: list[str]) -> None:
+    """Stop every engine unit, kill leftovers, clear faults and simulated allocations, recreate the GPUs."""
+    script = ("systemctl stop 'vllm*.service' 'sglang*.service' 'gpufleet-fixture-*' 2>/dev/null; "
+              "systemctl reset-failed; echo '{}' > /etc/gpufleet-sim/faults.json; "
+              "python3 /opt/gpufleet-sim/node_setup.py --reset")
+    for name in names:
+        run(["podman", "exec", CONTAINER_PREFIX + name, "sh", "-c", script])
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    start = sub.add_parser("up")
+    start.add_argument("--nodes", type=int, default=3)
+    start.add_argument("--gpus", type=int, default=8)
+    sub.add_parser("down")
+    sub.add_parser("image")
+    again = sub.add_parser("reset")
+    again.add_argument("names", nargs="+")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("the lab needs root (podman with systemd inside, debootstrap)")
+    if args.command == "up":
+        if not 1 <= args.nodes <= 50 or not 1 <= args.gpus <= 16:
+            raise SystemExit("--nodes must be 1-50 and --gpus 1-16")
+        up(args.nodes, args.gpus)
+    elif args.command == "down":
+        down()
+    elif args.command == "image":
+        print(build_image())
+    else:
+        reset(args.names)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
