@@ -40,7 +40,7 @@ def _shorten(text: str, width: int = CMDLINE_WIDTH) -> str:
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)] if rows else [len(h) for h in headers]
-    line = "  ".join("{:<%d}" % width for width in widths)
+    line = "  ".join(f"{{:<{width}}}" for width in widths)
     out = [line.format(*headers), line.format(*["-" * width for width in widths])]
     out += [line.format(*[str(cell) for cell in row]) for row in rows]
     return "\n".join(out)

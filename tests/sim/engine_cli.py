@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 SPECS = {"vllm": "vllm-0.33.0-cli.json", "sglang": "sglang-0.5.23-cli.json"}
@@ -39,12 +39,12 @@ class _Flag(argparse.Action):
         setattr(namespace, self.dest, not negated)
 
 
-@lru_cache(maxsize=None)
+@cache
 def spec(engine: str) -> dict:
     return json.loads((SPEC_DIR / SPECS[engine]).read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def build_parser(engine: str) -> argparse.ArgumentParser:
     data = spec(engine)
     parser = _Parser(prog=engine, add_help=False, allow_abbrev=data["allow_abbrev"])
