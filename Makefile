@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert
 
-.PHONY: help setup demo test lint unit docs clean
+.PHONY: help setup demo test lint unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
@@ -15,6 +15,8 @@ help:
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
+	@echo "make molecule  start a 2-node simulated lab, run every Molecule scenario on it, remove it"
+	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +44,27 @@ docs:
 unit:
 	$(BIN)/python -m pytest -q tests
 
-test: lint docs unit
+MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+NODES ?= 3
+GPUS ?= 8
+
+lab-up:
+	$(BIN)/python tests/sim/lab.py up --nodes $(NODES) --gpus $(GPUS)
+
+lab-down:
+	$(BIN)/python tests/sim/lab.py down
+
+molecule:
+	$(BIN)/python tests/sim/lab.py up --nodes 2 --gpus 8
+	@rc=0; for scenario in $(MOLECULE_SCENARIOS); do \
+		$(BIN)/molecule reset -s $$scenario > /dev/null 2>&1; \
+		start=$$(date +%s); \
+		if PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule test -s $$scenario > build/molecule-$$scenario.log 2>&1; \
+		then echo "molecule $$scenario: passed in $$(( $$(date +%s) - start ))s"; \
+		else echo "molecule $$scenario: FAILED (build/molecule-$$scenario.log)"; tail -40 build/molecule-$$scenario.log; rc=1; fi; \
+	done; $(BIN)/python tests/sim/lab.py down; exit $$rc
+
+test: lint docs unit molecule
 
 clean:
 	rm -rf build tests/output .pytest_cache .ruff_cache

@@ -162,3 +162,20 @@ def test_bad_input_is_rejected_before_polling(devices, nvml_env, args, message):
     result = run_module(MODULE, {**assert_args(devices), **args}, env=nvml_env)
     assert result.failed
     assert message in result["msg"]
+
+
+def test_memory_released_seconds_after_the_holder_exits_is_waited_for(devices, sim, processes, nvml_env):
+    """M3 with the driver's release lag: the holder is gone at once, the memory only after 1.5 s."""
+    proc, (pid,) = processes.holder("--open", devices.gpu(1))
+    sim.allocate(3, 20000, holders=[pid], linger_ms=1500)
+    proc.kill()
+    proc.wait()
+    result = run_module(MODULE, assert_args(devices, timeout=20), env=nvml_env)
+    assert result["passed"] is True and result["attempts"] > 1 and result["elapsed"] >= 1.0
+
+
+def test_leaked_allocation_without_holder_stays_until_removed(devices, sim, nvml_env):
+    leak = sim.allocate(0, 4000, holders=[], leak=True)
+    assert run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)["dirty"] == [0]
+    leak.unlink()
+    assert run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)["passed"] is True

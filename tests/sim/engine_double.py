@@ -139,13 +139,16 @@ class Server:
             spec = {"engine": self.settings.engine, "rank": rank, "gpu": index, "minor": pynvml.nvmlDeviceGetMinorNumber(handle),
                     "mib": int(total_mib * self.settings.memory_fraction), "faults": self.faults,
                     "escape": rank == len(indexes) - 1 and bool(self.faults.get("escape_worker"))}
+            scoped = rank == len(indexes) - 1 and bool(self.faults.get("scope_worker"))
+            spec["survive"] = spec["escape"] or scoped  # nothing makes it exit with the server
             argv = [sys.executable, os.path.abspath(__file__), "__worker__", json.dumps(spec)]
-            if rank == len(indexes) - 1 and self.faults.get("scope_worker"):
+            if scoped:
                 argv = ["systemd-run", "--scope", "--quiet", f"--unit=gpufleet-fixture-scope-{os.getpid()}", *argv]
             worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
             if worker.stdout.readline().strip() != "ready":
                 fail(f"worker {rank} did not start")
-            self.workers.append(worker)
+            if not spec["survive"]:
+                self.workers.append(worker)  # the server has lost track of a surviving worker
         pynvml.nvmlShutdown()
 
     def stop_workers(self) -> None:
@@ -334,9 +337,9 @@ def worker_main(spec: dict) -> None:
         nvml_sim.allocate(NVML_ROOT, spec["gpu"], int(faults["leak_mib"]), [], leak=True)
     parent = os.getppid()
     print("ready", flush=True)
-    if spec["escape"]:
+    if spec.get("survive"):
         sys.stdout.close()
-        while True:  # survives the server: nothing watches for its exit
+        while True:  # outlives the server: nothing watches for its exit
             time.sleep(3600)
     while os.getppid() == parent:
         time.sleep(0.2)

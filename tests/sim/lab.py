@@ -31,33 +31,34 @@ BUILD = REPO / "build" / "lab"
 IMAGE_NAME = "localhost/gpufleet-lab-node"
 CONTAINER_PREFIX = "gpufleet-lab-"
 FIRST_SSH_PORT = 2221
-RECIPE_VERSION = "1"  # bump when build_image() changes
+RECIPE_VERSION = "2"  # bump when build_image() changes
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "procps", "psmisc", "openssh-server",
             "iproute2", "curl", "ca-certificates", "sudo"]
-# Files from this repository that go into the image; their contents are part of the image's hash.
-SIM_FILES = ["engine_double.py", "engine_cli.py", "nvml_sim.py", "node_setup.py", "engines/vllm-0.33.0-cli.json",
-             "engines/sglang-0.5.23-cli.json", "nvml/sim_nvml.c"]
-HELPER_FILES = [REPO / "tests" / "helpers" / "gpu_holder.py"]
+# The simulated library is compiled into the image (its source is part of the image's hash); the Python side of
+# the simulation (engine doubles, node setup, helpers) is this checkout's tests/ directory, mounted read-only at
+# NODE_TESTS, so that nodes always run the code under test.
+LIBRARY_SOURCE = HERE / "nvml" / "sim_nvml.c"
+NODE_TESTS = "/opt/gpufleet-tests"
 RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 VLLM_WRAPPER = """#!/bin/sh
 # Test double of vLLM's CLI: `vllm serve MODEL ...` (the simulated lab's engine, not vLLM)
 [ "$1" = serve ] || { echo "usage: vllm serve MODEL [options]" >&2; exit 2; }
 shift
-exec python3 /opt/gpufleet-sim/engine_double.py vllm "$@"
+exec python3 /opt/gpufleet-tests/sim/engine_double.py vllm "$@"
 """
 SGLANG_WRAPPER = """#!/bin/sh
 # Test double of SGLang's CLI: `sglang serve ...` (the simulated lab's engine, not SGLang)
 [ "$1" = serve ] || { echo "usage: sglang serve --model-path MODEL [options]" >&2; exit 2; }
 shift
-exec python3 /opt/gpufleet-sim/engine_double.py sglang "$@"
+exec python3 /opt/gpufleet-tests/sim/engine_double.py sglang "$@"
 """
 SGLANG_LAUNCH_SERVER = """# Test double of `python -m sglang.launch_server` (the simulated lab's engine, not SGLang)
 import runpy
 import sys
 
 sys.argv = ["engine_double.py", "sglang", *sys.argv[1:]]
-runpy.run_path("/opt/gpufleet-sim/engine_double.py", run_name="__main__")
+runpy.run_path("/opt/gpufleet-tests/sim/engine_double.py", run_name="__main__")
 """
 NODE_SETUP_UNIT = """[Unit]
 Description=Simulated GPUs: device files and NVML state (gpufleet lab)
@@ -68,7 +69,7 @@ Before=multi-user.target ssh.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/usr/bin/python3 /opt/gpufleet-sim/node_setup.py
+ExecStart=/usr/bin/python3 /opt/gpufleet-tests/sim/node_setup.py
 
 [Install]
 WantedBy=multi-user.target
@@ -100,8 +101,7 @@ def image_tag() -> str:
     digest.update(RECIPE_VERSION.encode())
     for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, NODE_SETUP_UNIT):
         digest.update(text.encode())
-    for path in [HERE / name for name in SIM_FILES] + HELPER_FILES:
-        digest.update(path.read_bytes())
+    digest.update(LIBRARY_SOURCE.read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -129,13 +129,7 @@ def build_image() -> str:
         (site / "sglang" / "__init__.py").write_text("")
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
         shutil.copy(library, rootfs / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
-        opt = rootfs / "opt/gpufleet-sim"
-        (opt / "engines").mkdir(parents=True)
-        (opt / "nvml").mkdir()
-        for name in SIM_FILES:
-            shutil.copy(HERE / name, opt / name)
-        for path in HELPER_FILES:
-            shutil.copy(path, opt / path.name)
+        (rootfs / NODE_TESTS.lstrip("/")).mkdir(parents=True)
         for name, text in (("vllm", VLLM_WRAPPER), ("sglang", SGLANG_WRAPPER)):
             wrapper = rootfs / "usr/local/bin" / name
             wrapper.write_text(text)
@@ -196,7 +190,8 @@ def up(count: int, gpus: int) -> None:
         port = FIRST_SSH_PORT + index - 1
         run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
              "-p", f"127.0.0.1:{port}:22", "-v", f"{config_dir}:/etc/gpufleet-sim:rw",
-             "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", ref, "/sbin/init"], stdout=subprocess.DEVNULL)
+             "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",
+             ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
     write_inventory(ports, key)
     wait_ready(list(ports), key)
@@ -246,7 +241,7 @@ def reset(names: list[str]) -> None:
     """Stop every engine unit, kill leftovers, clear faults and simulated allocations, recreate the GPUs."""
     script = ("systemctl stop 'vllm*.service' 'sglang*.service' 'gpufleet-fixture-*' 2>/dev/null; "
               "systemctl reset-failed; echo '{}' > /etc/gpufleet-sim/faults.json; "
-              "python3 /opt/gpufleet-sim/node_setup.py --reset")
+              f"python3 {NODE_TESTS}/sim/node_setup.py --reset")
     for name in names:
         run(["podman", "exec", CONTAINER_PREFIX + name, "sh", "-c", script])
 
