@@ -16,4 +16,5 @@ class FilterModule:
             "teardown_unit_summary": _reports.unit_summary,
             "gpu_summary": _reports.gpu_summary,
             "teardown_table": _reports.teardown_table,
+            "switch_table": _reports.switch_table,
         }

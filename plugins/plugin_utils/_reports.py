@@ -82,3 +82,29 @@ def teardown_table(reports: dict) -> str:
             details.append(f"{host}: protected {process['pid']} {process.get('comm')} ({process.get('reason')})")
     headers = ["host", "result", "units stopped", "terminated", "killed", "protected", "MiB before (gpu:used)", "MiB after"]
     return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")
+
+
+def _seconds(value) -> str:
+    return "-" if value is None else f"{float(value):.1f}"
+
+
+def switch_table(reports: dict) -> str:
+    """One row per host: from, to, result, rollback, durations; then the processes killed and failure reasons."""
+    rows = []
+    details = []
+    for host in sorted(reports):
+        report = reports[host] or {}
+        durations = report.get("durations") or {}
+        rows.append([host, report.get("from", "-"), report.get("to", "-"), report.get("result", "-"),
+                     "yes" if report.get("rolled_back") else "no", _seconds(durations.get("drain")), _seconds(durations.get("teardown")),
+                     _seconds(durations.get("bring_up")), _seconds(durations.get("total")), len(report.get("killed") or [])])
+        if report.get("reason"):
+            details.append(f"{host}: {report['result']}: {report['reason']}")
+        if report.get("rollback_error"):
+            details.append(f"{host}: ROLLBACK FAILED, NOTHING SERVES: {report['rollback_error']}")
+        if report.get("recovered_lease"):
+            details.append(f"{host}: took over the expired switch lease of {report['recovered_lease'].get('owner')}")
+        for process in report.get("killed") or []:
+            details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
+    headers = ["host", "from", "to", "result", "rolled back", "drain s", "teardown s", "bring-up s", "total s", "killed"]
+    return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")

@@ -193,18 +193,26 @@ def up(count: int, gpus: int) -> None:
              "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",
              ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
-    write_inventory(ports, key)
+    write_inventory(ports, key, gpus)
     wait_ready(list(ports), key)
     print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
 
 
-def write_inventory(ports: dict[str, int], key: Path) -> None:
+def engine_settings(gpus: int) -> list[str]:
+    """The simulated fleet serves one model with both engines' defaults, on all GPUs of each node."""
+    settings = []
+    for engine in ("vllm", "sglang"):
+        settings += [f"{engine}_model=/models/Llama-3.3-70B-Instruct", f"{engine}_served_model_name=llama70b",
+                     f"{engine}_tensor_parallel_size={gpus}", f"{engine}_shutdown_timeout=10", f"{engine}_ready_timeout=300"]
+    return settings
+
+
+def write_inventory(ports: dict[str, int], key: Path, gpus: int) -> None:
     lines = ["[gpu_nodes]"]
     lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port}" for name, port in ports.items()]
     lines += ["", "[gpu_nodes:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
               "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
-              "ansible_python_interpreter=/usr/bin/python3", "gpu_teardown_expected_gpu_count=" + str(json.loads(
-                  (BUILD / "nodes" / next(iter(ports)) / "node.json").read_text())["gpus"])]
+              "ansible_python_interpreter=/usr/bin/python3", f"gpu_teardown_expected_gpu_count={gpus}", *engine_settings(gpus)]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 
 

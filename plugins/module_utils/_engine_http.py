@@ -1,0 +1,134 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Talking to an engine's HTTP surface: readiness, running requests, speculative-decoding acceptance.
+
+Metric names are those of vLLM 0.33.0 and SGLang 0.5.23. The HTTP client is the one seam tests replace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
+HEALTH_PATHS = {"vllm": "/health", "sglang": "/health_generate"}
+RUNNING_METRICS = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+WAITING_METRICS = {"vllm": "vllm:num_requests_waiting", "sglang": "sglang:num_queue_reqs"}
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass
+class Response:
+    status: int | None  # None: no connection (refused, reset, timed out)
+    body: str = ""
+    error: str = ""
+
+
+class HttpClient:
+    """GETs and POSTs with a per-request timeout; connection failures become Response(None, error=...)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 10.0):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, payload: dict | None = None) -> Response:
+        data = json.dumps(payload).encode() if payload is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self.api_key:
+            request.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as reply:  # noqa: S310 - URL built from module options
+                return Response(reply.status, reply.read().decode("utf-8", errors="replace"))
+        except urllib.error.HTTPError as error:
+            return Response(error.code, error.read().decode("utf-8", errors="replace"))
+        except (urllib.error.URLError, OSError) as error:
+            return Response(None, error=str(getattr(error, "reason", error)))
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text: the sum over label sets of each metric name."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = SAMPLE.match(line)
+        if match:
+            try:
+                totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(3))
+            except ValueError:
+                continue
+    return totals
+
+
+@dataclass
+class Readiness:
+    ready: bool
+    checks: dict = field(default_factory=dict)
+    waiting_for: str = ""
+
+
+def check_ready(engine: str, client: HttpClient, model: str, completion: bool = True) -> Readiness:
+    """Health, then the model listed, then a one-token completion: the first that fails is what we wait for."""
+    checks = {}
+    health = client.request("GET", HEALTH_PATHS[engine])
+    checks["health"] = health.status if health.status is not None else f"no connection ({health.error})"
+    if health.status != 200:
+        return Readiness(False, checks, f"{HEALTH_PATHS[engine]}: {checks['health']}")
+    models = client.request("GET", "/v1/models")
+    served = _model_ids(models)
+    checks["models"] = served if models.status == 200 else models.status
+    if models.status != 200 or model not in served:
+        return Readiness(False, checks, f"/v1/models: {model!r} not listed (got {checks['models']})")
+    if completion:
+        reply = client.request("POST", "/v1/completions", {"model": model, "prompt": "The capital of France is", "max_tokens": 1})
+        ok = reply.status == 200 and bool(_json(reply.body).get("choices"))
+        checks["completion"] = "ok" if ok else (reply.status or reply.error)
+        if not ok:
+            return Readiness(False, checks, f"/v1/completions: {checks['completion']}")
+    return Readiness(True, checks)
+
+
+def _json(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _model_ids(response: Response) -> list[str]:
+    return [card.get("id") for card in _json(response.body).get("data", []) if isinstance(card, dict)]
+
+
+def running_requests(engine: str, client: HttpClient) -> float | None:
+    reply = client.request("GET", "/metrics")
+    if reply.status != 200:
+        return None
+    metrics = parse_metrics(reply.body)
+    if RUNNING_METRICS[engine] not in metrics:
+        return None
+    return metrics[RUNNING_METRICS[engine]] + metrics.get(WAITING_METRICS[engine], 0.0)
+
+
+def spec_counters(engine: str, client: HttpClient) -> dict[str, float]:
+    reply = client.request("GET", "/metrics")
+    return parse_metrics(reply.body) if reply.status == 200 else {}
+
+
+def spec_acceptance(engine: str, before: dict[str, float], after: dict[str, float]) -> float | None:
+    """vLLM: accepted / drafted tokens over the probe (its counters); SGLang: its accept-rate gauge after the probe."""
+    if engine == "vllm":
+        drafted = after.get("vllm:spec_decode_num_draft_tokens_total", 0.0) - before.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
+        accepted = after.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) - before.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+        return accepted / drafted if drafted > 0 else None
+    return after.get("sglang:spec_accept_rate")

@@ -1,0 +1,106 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""A lease that outlives the process taking it: an owner and an expiry, changed only under a flock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import LOCK_DIRECTORY
+
+RETRY_SECONDS = 0.5
+
+
+def boot_clock() -> float:
+    """Seconds since boot, suspend included: the same on every process of this boot, immune to NTP steps."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "unknown"
+
+
+@dataclass
+class Acquired:
+    taken: bool  # the lease changed hands (False when renewing our own, or when another owner still holds it)
+    holder: dict
+    recovered: dict | None
+
+
+class LeaseStore:
+    def __init__(self, name: str, directory: str = LOCK_DIRECTORY, clock=boot_clock, sleep=time.sleep):
+        self.path = os.path.join(directory, f"gpufleet-serving.{name}.lease")
+        self.clock = clock
+        self.sleep = sleep
+
+    def _locked(self):
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held only for a read-modify-write: microseconds
+        return fd
+
+    def _read(self) -> dict | None:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and "owner" in record else None
+
+    def _write(self, record: dict) -> None:
+        partial = self.path + ".partial"
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+        os.replace(partial, self.path)
+
+    def _view(self, record: dict) -> dict:
+        now = self.clock()
+        return {"owner": record["owner"], "age": now - record["acquired"], "expires_in": record["expires"] - now}
+
+    def _expired(self, record: dict) -> bool:
+        return record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
+
+    def acquire(self, owner: str, lease_seconds: float, wait_timeout: float, dry_run: bool = False) -> Acquired:
+        deadline = time.monotonic() + wait_timeout
+        while True:
+            fd = self._locked()
+            try:
+                current = self._read()
+                free = current is None or current["owner"] == owner or self._expired(current)
+                if free:
+                    recovered = current if current and current["owner"] != owner else None
+                    now = self.clock()
+                    record = {"owner": owner, "acquired": current["acquired"] if current and not recovered else now,
+                              "expires": now + lease_seconds, "boot_id": boot_id()}
+                    if not dry_run:
+                        self._write(record)
+                    taken = current is None or recovered is not None
+                    return Acquired(taken, self._view(record), recovered and {"owner": recovered["owner"]})
+            finally:
+                os.close(fd)
+            if time.monotonic() >= deadline:
+                return Acquired(False, self._view(current), None)
+            self.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+
+    def release(self, owner: str, dry_run: bool = False) -> bool:
+        fd = self._locked()
+        try:
+            current = self._read()
+            if current is None or current["owner"] != owner:
+                return False
+            if not dry_run:
+                os.unlink(self.path)
+            return True
+        finally:
+            os.close(fd)
