@@ -4,13 +4,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
-MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert
+MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease
 
-.PHONY: help setup demo test lint unit docs molecule lab-up lab-down clean
+.PHONY: help setup demo demo-modules test lint unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
-	@echo "make demo    run the modules against 8 simulated GPUs on this machine"
+	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
+	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
 	@echo "make test    lint + docs + pytest (what CI runs)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make docs    render every module's documentation with ansible-doc"
@@ -29,6 +30,9 @@ setup: $(BIN)/python
 	@echo "ready: source $(BIN)/activate"
 
 demo:
+	$(BIN)/python tests/sim/demo/run_fleet_demo.py
+
+demo-modules:
 	$(BIN)/python tests/sim/demo/run_modules_demo.py
 
 lint:

@@ -180,9 +180,21 @@ def write_node_config(name: str, index: int, gpus: int) -> Path:
     return directory
 
 
-def up(count: int, gpus: int) -> None:
+def running_nodes() -> list[str]:
+    listing = subprocess.run(["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
+    return sorted(name[len(CONTAINER_PREFIX):] for name in listing.stdout.split() if name.startswith(CONTAINER_PREFIX))
+
+
+def up(count: int, gpus: int, reuse: bool = False) -> bool:
+    """Start the lab; with reuse, keep a running lab of the same size as it is. Returns whether nodes were (re)created."""
     ref = build_image()
     key = ssh_key()
+    names = node_names(count)
+    inventory = BUILD / "inventory.ini"
+    if reuse and running_nodes() == sorted(names) and inventory.exists() and f"_tensor_parallel_size={gpus}" in inventory.read_text():
+        wait_ready(names, key)
+        print(f"lab up: reusing {count} running node(s), inventory {inventory}")
+        return False
     down(quiet=True)
     ports = {}
     for index, name in enumerate(node_names(count), start=1):
@@ -196,6 +208,7 @@ def up(count: int, gpus: int) -> None:
     write_inventory(ports, key, gpus)
     wait_ready(list(ports), key)
     print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
+    return True
 
 
 def engine_settings(gpus: int) -> list[str]:
@@ -260,6 +273,7 @@ def main(argv: list[str]) -> None:
     start = sub.add_parser("up")
     start.add_argument("--nodes", type=int, default=3)
     start.add_argument("--gpus", type=int, default=8)
+    start.add_argument("--reuse", action="store_true", help="keep a running lab of the same size as it is")
     sub.add_parser("down")
     sub.add_parser("image")
     again = sub.add_parser("reset")
@@ -270,7 +284,7 @@ def main(argv: list[str]) -> None:
     if args.command == "up":
         if not 1 <= args.nodes <= 50 or not 1 <= args.gpus <= 16:
             raise SystemExit("--nodes must be 1-50 and --gpus 1-16")
-        up(args.nodes, args.gpus)
+        up(args.nodes, args.gpus, args.reuse)
     elif args.command == "down":
         down()
     elif args.command == "image":

@@ -1,0 +1,109 @@
+"""The switch lease (with an injected boot clock) and the engine HTTP logic (with a scripted client)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def store(tmp_path):
+    clock = Clock()
+    return LeaseStore("switch_engine", str(tmp_path), clock=clock, sleep=clock.sleep), clock
+
+
+def test_lease_is_exclusive_renewable_and_released(store):
+    leases, _clock = store
+    first = leases.acquire("run-a", 60, 0)
+    assert first.taken and first.holder["owner"] == "run-a"
+    assert not leases.acquire("run-a", 60, 0).taken, "renewing one's own lease is not a new taking"
+    blocked = leases.acquire("run-b", 60, 0)
+    assert not blocked.taken and blocked.holder["owner"] == "run-a"
+    assert not leases.release("run-b") and leases.release("run-a")
+    assert leases.acquire("run-b", 60, 0).taken
+
+
+def test_waiting_run_gets_an_expired_lease_and_names_the_dead_owner(store, monkeypatch):
+    """E2: the owner died; once its lease expires the next run takes it over and says whose it was."""
+    import time as time_module
+
+    leases, clock = store
+    leases.acquire("dead-run", 30, 0)
+    monotonic = [0.0]
+    monkeypatch.setattr(time_module, "monotonic", lambda: monotonic[0])
+
+    def sleep(seconds):
+        clock.now += seconds
+        monotonic[0] += seconds
+
+    leases.sleep = sleep
+    taken = leases.acquire("next-run", 60, wait_timeout=120)
+    assert taken.taken and taken.recovered == {"owner": "dead-run"}
+    assert 29 <= clock.now - 100 <= 31
+
+
+def test_check_mode_acquire_writes_nothing(store):
+    leases, _clock = store
+    assert leases.acquire("run-a", 60, 0, dry_run=True).taken
+    assert leases.acquire("run-b", 60, 0).taken
+
+
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{model_name="llama70b",engine="0"} 3.0
+vllm:num_requests_running{model_name="llama70b",engine="1"} 1.0
+vllm:num_requests_waiting{model_name="llama70b",engine="0"} 2
+vllm:spec_decode_num_draft_tokens_total{model_name="llama70b",engine="0"} 300
+vllm:spec_decode_num_accepted_tokens_total{model_name="llama70b",engine="0"} 120
+"""
+
+
+class ScriptedClient:
+    def __init__(self, replies):
+        self.replies = replies
+        self.calls = []
+
+    def request(self, method, path, payload=None):
+        self.calls.append((method, path))
+        reply = self.replies.get(path)
+        return reply() if callable(reply) else (reply or http.Response(None, error="refused"))
+
+
+def test_metrics_are_summed_over_label_sets():
+    metrics = http.parse_metrics(METRICS)
+    assert metrics["vllm:num_requests_running"] == 4.0 and metrics["vllm:num_requests_waiting"] == 2.0
+    client = ScriptedClient({"/metrics": http.Response(200, METRICS)})
+    assert http.running_requests("vllm", client) == 6.0
+    assert http.running_requests("vllm", ScriptedClient({})) is None
+
+
+def test_readiness_goes_health_models_completion_and_reports_what_it_waits_for():
+    assert http.check_ready("vllm", ScriptedClient({}), "llama70b").waiting_for.startswith("/health: no connection")
+    loading = ScriptedClient({"/health_generate": http.Response(503)})
+    assert http.check_ready("sglang", loading, "llama70b").waiting_for == "/health_generate: 503"
+    listed_other = ScriptedClient({"/health": http.Response(200), "/v1/models": http.Response(200, '{"data": [{"id": "other"}]}')})
+    assert "not listed" in http.check_ready("vllm", listed_other, "llama70b").waiting_for
+    ready = ScriptedClient({"/health": http.Response(200), "/v1/models": http.Response(200, '{"data": [{"id": "llama70b"}]}'),
+                            "/v1/completions": http.Response(200, '{"choices": [{"text": " Paris"}]}')})
+    assert http.check_ready("vllm", ready, "llama70b").ready
+    assert [call[1] for call in ready.calls] == ["/health", "/v1/models", "/v1/completions"]
+
+
+def test_spec_acceptance_from_vllm_counters_and_sglang_gauge():
+    before = {"vllm:spec_decode_num_draft_tokens_total": 100.0, "vllm:spec_decode_num_accepted_tokens_total": 70.0}
+    after = {"vllm:spec_decode_num_draft_tokens_total": 300.0, "vllm:spec_decode_num_accepted_tokens_total": 90.0}
+    assert http.spec_acceptance("vllm", before, after) == pytest.approx(0.1)
+    assert http.spec_acceptance("vllm", before, before) is None
+    assert http.spec_acceptance("sglang", {}, {"sglang:spec_accept_rate": 0.62}) == 0.62
