@@ -99,7 +99,7 @@ class Holding:
     pid: int
     via: set[str] = field(default_factory=set)  # fd, mmap, nvml
     devices: set[str] = field(default_factory=set)
-    gpus: set[int] = field(default_factory=set)  # NVML indexes
+    gpus: set[int] = field(default_factory=set)  # NVML indexes NVML lists this process on
 
 
 @dataclass
@@ -237,6 +237,7 @@ class KillPlan:
     targets: list[dict] = field(default_factory=list)
     protected: list[dict] = field(default_factory=list)
     stale_nvml_pids: list[dict] = field(default_factory=list)
+    ambiguous: list[dict] = field(default_factory=list)
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -276,13 +277,13 @@ def _stale_reason(pid: int, reader: ProcReader) -> str:
 
 def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index: dict[int, int] | None,
               selected_minors: set[int] | None, selected_indexes: set[int] | None) -> KillPlan:
-    """Describe every holder of the selected GPUs and split them into targets and protected."""
+    """Describe every holder of the selected GPUs and split them into targets, protected and ambiguous."""
     plan = KillPlan(unreadable=dict(scan.unreadable))
     for pid in sorted(scan.holdings):
         holding = scan.holdings[pid]
-        if minor_to_index is not None:
-            holding.gpus |= {minor_to_index[minor] for minor in _minors(holding, scan) if minor in minor_to_index}
-        if not _holds_selection(holding, scan, selected_minors, selected_indexes):
+        node_gpus = _node_gpus(holding, scan, minor_to_index)
+        verdict = _selection(holding, scan, node_gpus, selected_minors, selected_indexes)
+        if verdict == "outside":
             continue
         try:
             info = describe(reader, pid)
@@ -290,11 +291,15 @@ def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index
         except (ProcessGone, PermissionError):
             plan.unreadable["vanished"] = plan.unreadable.get("vanished", 0) + 1
             continue
-        info.update(via=sorted(holding.via), devices=sorted(holding.devices), gpus=sorted(holding.gpus))
+        # a CUDA process opens every visible GPU's node: NVML's list says which GPUs it really uses
+        gpus = holding.gpus or node_gpus
+        info.update(via=sorted(holding.via), devices=sorted(holding.devices), gpus=sorted(gpus))
         plan.holders.append(info)
         reason = guard.reason(info, is_kernel_thread)
         if reason:
             plan.protected.append(dict(info, reason=reason))
+        elif verdict == "ambiguous":
+            plan.ambiguous.append(dict(info, reason="holds device nodes of selected and other GPUs and NVML lists it on none: not signalled"))
         else:
             plan.targets.append(info)
     return plan
@@ -304,7 +309,26 @@ def _minors(holding: Holding, scan: ScanResult) -> set[int]:
     return {scan.minor_by_path[path] for path in holding.devices if scan.minor_by_path.get(path) is not None}
 
 
-def _holds_selection(holding: Holding, scan: ScanResult, selected_minors: set[int] | None, selected_indexes: set[int] | None) -> bool:
+def _node_gpus(holding: Holding, scan: ScanResult, minor_to_index: dict[int, int] | None) -> set[int]:
+    if minor_to_index is None:
+        return set()
+    return {minor_to_index[minor] for minor in _minors(holding, scan) if minor in minor_to_index}
+
+
+def _selection(holding: Holding, scan: ScanResult, node_gpus: set[int], selected_minors: set[int] | None,
+               selected_indexes: set[int] | None) -> str:
+    """'target', 'outside' or 'ambiguous' for a GPU selection.
+
+    Measured on H200s: a CUDA process holds /dev/nvidiaN of every GPU it can see, not only of those it uses, so a
+    device node alone does not place a process on a GPU. NVML's list does; a holder NVML does not list (a forked
+    child, an mmap-only holder) is placed by its nodes only when they all belong to the selection.
+    """
     if selected_minors is None:
-        return True
-    return bool(_minors(holding, scan) & selected_minors) or bool(holding.gpus & (selected_indexes or set()))
+        return "target"
+    selected = selected_indexes or set()
+    if holding.gpus:
+        return "target" if holding.gpus & selected else "outside"
+    minors = _minors(holding, scan)
+    if not minors & selected_minors:
+        return "outside"
+    return "target" if minors <= selected_minors else "ambiguous"

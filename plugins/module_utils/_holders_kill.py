@@ -113,9 +113,10 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     scan = scanner.scan() if "proc" in request.sources else ScanResult(minor_by_path=scanner.minor_by_path)
     stale = []
     if "nvml" in request.sources and inventory:
-        listed = [NvmlProcess(gpu["index"], p["pid"], p["used_mib"], p["type"]) for gpu in inventory["gpus"] for p in gpu["processes"]
-                  if selected_indexes is None or gpu["index"] in selected_indexes]
-        stale = cross_check_nvml(listed, scanner, scan, reader)
+        # every GPU's list: it places processes on GPUs, which the selection below needs
+        listed = [NvmlProcess(gpu["index"], p["pid"], p["used_mib"], p["type"]) for gpu in inventory["gpus"] for p in gpu["processes"]]
+        stale = [entry for entry in cross_check_nvml(listed, scanner, scan, reader)
+                 if selected_indexes is None or entry["gpu"] in selected_indexes]
         if not in_init_pid_namespace():
             warnings.append("this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs were used only where /proc confirms a holder")
     if inventory is None:
@@ -127,6 +128,9 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes)
     plan.stale_nvml_pids = stale
     plan.warnings = warnings + _unit_warnings(plan)
+    if plan.ambiguous:
+        plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
+                             "(forked children, NVML clients): left alone, see `ambiguous`; free all GPUs to include them")
     return Observation(plan, inventory, warnings)
 
 
@@ -151,7 +155,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 
 
 def plan_result(plan: KillPlan) -> dict:
-    return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected,
+    return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
             "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
 
 

@@ -185,10 +185,15 @@ def watch(inventory_of, request: MemoryRequest, selected: list[int], first: dict
 def explain_dirty(assessment: Assessment, holders_by_minor: dict[int, list[dict]], proc_confirmed: set[int]) -> dict[int, dict]:
     """Per dirty GPU: its /proc holders, NVML processes marked stale when /proc does not confirm them, a classification."""
     details = {}
+    listed_on: dict[int, set[int]] = {}
+    for gpu in assessment.gpus:
+        for process in gpu.get("processes", []):
+            listed_on.setdefault(process["pid"], set()).add(gpu["index"])
     for gpu in assessment.gpus:
         if gpu["clean"]:
             continue
-        proc_holders = holders_by_minor.get(gpu.get("minor"), [])
+        # a CUDA process holds every visible GPU's node: one NVML places on other GPUs only is not this GPU's holder
+        proc_holders = [h for h in holders_by_minor.get(gpu.get("minor"), []) if gpu["index"] in listed_on.get(h["pid"], {gpu["index"]})]
         nvml_processes = [dict(p, stale=None if p["pid"] in proc_confirmed else "not a live holder in /proc") for p in gpu.get("processes", [])]
         details[gpu["index"]] = {"proc_holders": proc_holders, "nvml_processes": nvml_processes,
                                  "classification": classify(gpu, proc_holders)}

@@ -40,6 +40,9 @@ options:
       - Indexes are NVML's order, which is not the C(/dev/nvidiaN) minor number; the module maps them through NVML.
       - With a selection, a process that holds only shared nodes (C(/dev/nvidiactl), C(/dev/nvidia-uvm)) is not a holder
         of the selected GPUs.
+      - A CUDA process holds the device node of every GPU it can see, so with a selection NVML's process lists decide
+        which GPUs a process uses; a holder NVML does not list is a target only when all its per-GPU nodes are selected,
+        and is reported in RV(ambiguous) otherwise.
     type: list
     elements: str
   device_paths:
@@ -181,6 +184,13 @@ stale_nvml_pids:
   type: list
   elements: dict
   sample: [{pid: 40117, gpu: 0, used_mib: 20480, reason: no such process}]
+ambiguous:
+  description:
+    - With a O(gpus) selection, holders that NVML lists on no GPU and that hold device nodes of selected and other GPUs
+      (a CUDA process opens the node of every GPU it can see); they are not signalled. Each has a C(reason).
+  returned: always
+  type: list
+  elements: dict
 not_signalled:
   description: Targets that exited, or whose PID was reused, between the scan and the first signal.
   returned: always

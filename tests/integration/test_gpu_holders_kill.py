@@ -383,3 +383,19 @@ def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, n
     result = run_module(MODULE, {"device_paths": [str(node)], "sources": ["proc"]}, check_mode=True, env=nvml_env)
     planned = [target for target in result["targets"] if target["pid"] == pid]
     assert planned and planned[0]["devices"] == [str(node)] and planned[0]["via"] == ["fd"]
+
+
+def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(devices, processes, sim, nvml_env):
+    """Measured on H200s: a CUDA process on GPU 0 also holds /dev/nvidia1. Freeing GPU 1 must leave it alone."""
+    # minors [2, 0, 3, 1]: index 0 is /dev/nvidia2, index 1 is /dev/nvidia0
+    on_gpu0 = processes.holder("--open", devices.gpu(2), devices.gpu(0), devices.ctl, "--sim-root", str(sim.root), "--alloc", "0:8000")[1][0]
+    on_gpu1 = processes.holder("--open", devices.gpu(2), devices.gpu(0), devices.ctl, "--sim-root", str(sim.root), "--alloc", "1:8000")[1][0]
+    unlisted_both = processes.holder("--open", devices.gpu(2), devices.gpu(0))[1][0]
+    unlisted_only_gpu1 = processes.holder("--open", devices.gpu(0))[1][0]
+    result = run_module(MODULE, kill_args(devices, gpus=["1"]), env=nvml_env)
+    assert pids_of(result["terminated"]) == {on_gpu1, unlisted_only_gpu1}
+    assert pids_of(result["ambiguous"]) == {unlisted_both}
+    assert alive(on_gpu0) and alive(unlisted_both)
+    assert any("ambiguous" in w for w in result.warnings)
+    everything = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+    assert {t["pid"]: t["gpus"] for t in everything["targets"]} == {on_gpu0: [0], unlisted_both: [0, 1]}
