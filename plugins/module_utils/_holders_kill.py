@@ -43,6 +43,7 @@ class KillRequest:
     term_timeout: float
     kill_timeout: float
     max_targets: int
+    kill_ambiguous: bool
     nvml_timeout: float
     lock_timeout: float
 
@@ -69,6 +70,7 @@ class KillRequest:
             term_timeout=non_negative("term_timeout", params["term_timeout"]),
             kill_timeout=non_negative("kill_timeout", params["kill_timeout"]),
             max_targets=positive_int("max_targets", params["max_targets"]),
+            kill_ambiguous=params.get("ambiguous") == "kill",
             nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
             lock_timeout=non_negative("lock_timeout", params["lock_timeout"]),
         )
@@ -127,10 +129,14 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
                   descendants=reader.descendants(self_pid), pids=set(request.protected_pids))
     plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes)
     plan.stale_nvml_pids = stale
+    if request.kill_ambiguous:
+        plan.targets = sorted(plan.targets + [{k: v for k, v in holder.items() if k != "reason"} for holder in plan.ambiguous],
+                              key=lambda holder: holder["pid"])
+        plan.ambiguous = []
     plan.warnings = warnings + _unit_warnings(plan)
     if plan.ambiguous:
         plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
-                             "(forked children, NVML clients): left alone, see `ambiguous`; free all GPUs to include them")
+                             "(forked children, NVML clients): left alone, see `ambiguous`; set ambiguous: kill or free all GPUs to include them")
     return Observation(plan, inventory, warnings)
 
 

@@ -84,6 +84,14 @@ options:
     description: Seconds to wait for targets to exit after SIGKILL before reporting them as survivors.
     type: float
     default: 30
+  ambiguous:
+    description:
+      - What to do, with a O(gpus) selection, with holders that NVML lists on no GPU and that hold device nodes of selected
+        and other GPUs - typically the child of a CUDA process that forked after allocating, whose parent NVML still lists.
+      - V(report) leaves them alone and lists them in RV(ambiguous); V(kill) treats them as targets.
+    type: str
+    choices: [report, kill]
+    default: report
   max_targets:
     description:
       - Upper bound on the number of processes signalled. Above it nothing is signalled and the module fails with the plan.
@@ -238,6 +246,7 @@ ARGUMENT_SPEC = dict(
     protected_pids=dict(type="list", elements="int", default=[]),
     term_timeout=dict(type="float", default=30),
     kill_timeout=dict(type="float", default=30),
+    ambiguous=dict(type="str", choices=["report", "kill"], default="report"),
     max_targets=dict(type="int", default=64),
     nvml_timeout=dict(type="float", default=10),
     lock_timeout=dict(type="float", default=60),

@@ -164,15 +164,15 @@ def main_gpu_case(lab: Lab, gpu: int, gib: int, pinned_gib: int) -> dict:
     report["nvml_listed_pids"] = nvml_listed
     report["nvml_lists_dead_parent"] = parent in nvml_listed
 
-    before, _ = lab.module("gpu_memory_assert", {"gpus": [str(gpu)], "timeout": 0})
+    before, _ = lab.module("gpu_memory_assert", {"timeout": 0})
     report["assert_before"] = {"failed": before.get("failed"), "dirty": before.get("dirty"),
                                "classification": (before.get("details") or {}).get(str(gpu), {}).get("classification")}
-    plan, _ = lab.module("gpu_holders_kill", {"gpus": [str(gpu)]}, check_mode=True)
+    plan, _ = lab.module("gpu_holders_kill", {}, check_mode=True)  # a node teardown frees every GPU
     report["plan"] = {"targets": sorted(t["pid"] for t in plan["targets"]), "protected": [(p["pid"], p["reason"]) for p in plan["protected"]],
                       "stale_nvml_pids": plan["stale_nvml_pids"], "signals": plan["signals"]}
     first_signal = time.monotonic()
-    killed, kill_wall = lab.module("gpu_holders_kill", {"gpus": [str(gpu)], "term_timeout": 5, "kill_timeout": 60})
-    after, assert_wall = lab.module("gpu_memory_assert", {"gpus": [str(gpu)], "timeout": 120, "interval": 0.1})
+    killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60})
+    after, assert_wall = lab.module("gpu_memory_assert", {"timeout": 120, "interval": 0.1})
     report["signal_to_verified_free_s"] = round(time.monotonic() - first_signal, 3)
     report["kill"] = {"terminated": sorted(p["pid"] for p in killed["terminated"]), "killed": sorted(p["pid"] for p in killed["killed"]),
                       "survivors": killed["survivors"], "module_elapsed_s": round(killed["elapsed"], 3), "playbook_wall_s": round(kill_wall, 3),
@@ -202,12 +202,16 @@ def selection_case(lab: Lab, gib: int) -> dict:
     uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(last))
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
     keeper = lab.holder("plain", 0, gib)[1][0]
-    results = {}
+    forked, (parent, orphan) = lab.holder("forked", 0, gib)
+    forked.kill()
+    forked.wait()  # a GPU-0 context kept by a child NVML does not list: ambiguous when only the last GPU is freed
+    results = {"orphan_of_gpu0": orphan}
     for label, selector in (("by_index", str(last)), ("by_uuid", uuid)):
         victim = lab.holder("plain", last, gib)[1][0]
         result, _ = lab.module("gpu_holders_kill", {"gpus": [selector], "term_timeout": 5})
         results[label] = {"selector": selector, "holders": [(h["pid"], h["gpus"]) for h in result["holders"]],
                           "victim_gone": not alive(victim), "gpu0_holder_alive": alive(keeper),
+                          "gpu0_orphan_alive_and_ambiguous": alive(orphan) and orphan in [a["pid"] for a in result["ambiguous"]],
                           "reported_on_gpu": [h["gpus"] for h in result["holders"] if h["pid"] == victim]}
     minors = [pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
     return {"gpu_count": count, "minors": minors, **results}

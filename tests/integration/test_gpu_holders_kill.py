@@ -399,3 +399,5 @@ def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(d
     assert any("ambiguous" in w for w in result.warnings)
     everything = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
     assert {t["pid"]: t["gpus"] for t in everything["targets"]} == {on_gpu0: [0], unlisted_both: [0, 1]}
+    forced = run_module(MODULE, kill_args(devices, gpus=["1"], ambiguous="kill"), check_mode=True, env=nvml_env)
+    assert pids_of(forced["targets"]) == {unlisted_both} and forced["ambiguous"] == []
