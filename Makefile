@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease
 
-.PHONY: help setup demo demo-modules test lint unit docs molecule lab-up lab-down clean
+.PHONY: help setup demo demo-modules bench test lint unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
+	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make molecule  start a 2-node simulated lab, run every Molecule scenario on it, remove it"
 	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
 
@@ -34,6 +35,9 @@ demo:
 
 demo-modules:
 	$(BIN)/python tests/sim/demo/run_modules_demo.py
+
+bench:
+	$(BIN)/python tests/bench/run_all.py
 
 lint:
 	$(BIN)/ruff check .

@@ -50,9 +50,11 @@ options:
     type: float
     default: 30
   settle:
-    description: Seconds to wait after the unit is down before checking that nothing started it again.
+    description:
+      - Seconds to wait after the unit is down before checking that nothing started it again.
+      - systemd restarts a unit C(RestartSec=) after it stopped, 100 ms by default.
     type: float
-    default: 1
+    default: 0.5
   must_exist:
     description: Fail when the unit does not exist. By default a missing unit is fine and unchanged.
     type: bool
@@ -169,7 +171,7 @@ ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     stop_timeout=dict(type="float", default=90),
     kill_timeout=dict(type="float", default=30),
-    settle=dict(type="float", default=1),
+    settle=dict(type="float", default=0.5),
     must_exist=dict(type="bool", default=False),
     disable=dict(type="bool", default=False),
     allow_protected=dict(type="bool", default=False),
