@@ -41,8 +41,8 @@ def main() -> None:
         row = {"nodes": size}
         row["cleanup_pipelining_off"] = timed_playbook("gpu_cleanup.yml", "-e", "ansible_pipelining=false")
         row["cleanup"] = timed_playbook("gpu_cleanup.yml")
-        row["switch_to_vllm"] = timed_playbook("switch_engine.yml", "-e", "target=vllm", "-e", "switch_engine_serial=[1, '25%']")
-        row["switch_to_sglang"] = timed_playbook("switch_engine.yml", "-e", "target=sglang", "-e", "switch_engine_serial=[1, '25%']")
+        row["switch_to_vllm"] = timed_playbook("switch_engine.yml", "-e", "target=vllm")  # default batches: [1, "25%"]
+        row["switch_to_sglang"] = timed_playbook("switch_engine.yml", "-e", "target=sglang")
         for key in ("cleanup", "switch_to_sglang"):
             row[key]["per_node_s"] = round(row[key]["wall_s"] / size, 2)
         results.append(row)

@@ -75,6 +75,20 @@ def run_recipe() -> float:
     return time.monotonic() - started
 
 
+def run_modules() -> float:
+    """The three modules run directly on the node, one after the other: the work without Ansible's own costs."""
+    calls = [("systemd_stop_hard", {"name": "vllm.service"}), ("gpu_holders_kill", {}), ("gpu_memory_assert", {"expected_count": 8})]
+    script = " && ".join(
+        f"python3 -m ansible_collections.gpufleet.serving.plugins.modules.{name} '{json.dumps({'ANSIBLE_MODULE_ARGS': args})}' > /dev/null"
+        for name, args in calls)
+    started = time.monotonic()
+    run = node(f"cd / && export PYTHONPATH={lab.NODE_COLLECTION} && {script}", check=False)
+    elapsed = time.monotonic() - started
+    if run.returncode:
+        raise SystemExit(f"modules failed: {run.stdout[-2000:]} {run.stderr[-2000:]}")
+    return elapsed
+
+
 def run_role() -> float:
     started = time.monotonic()
     run = ansible(str(REPO / "playbooks" / "gpu_cleanup.yml"), "-e", json.dumps({"gpu_teardown_measure_before": False, "gpu_teardown_units": ["vllm.service"]}))
@@ -86,13 +100,17 @@ def run_role() -> float:
 
 def main() -> None:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result
-        lab.up(1, 8, reuse=True)
+        lab.up(1, 8)
+    # the modules import ansible.module_utils, which Ansible ships inside each module run; give the node a copy
+    import ansible
+
+    subprocess.run(["podman", "cp", str(Path(ansible.__file__).parent), f"{lab.CONTAINER_PREFIX}{NODE}:{lab.NODE_COLLECTION}/ansible"], check=True)
     results = {}
     for behaviour, faults in BEHAVIOURS.items():
-        samples = {"role": [], "recipe": []}
+        samples = {"role": [], "modules": [], "recipe": []}
         left = {}
         for _ in range(REPS):
-            for tool, action in (("role", run_role), ("recipe", run_recipe)):
+            for tool, action in (("role", run_role), ("modules", run_modules), ("recipe", run_recipe)):
                 prepare(faults)
                 samples[tool].append(action())
                 left[tool] = leftovers()
@@ -100,6 +118,7 @@ def main() -> None:
             tool: {"median_s": round(statistics.median(values), 2), "min_s": round(min(values), 2), "max_s": round(max(values), 2),
                    "left_behind": left[tool]} for tool, values in samples.items()}
         results[behaviour]["ratio_role_to_recipe"] = round(statistics.median(samples["role"]) / statistics.median(samples["recipe"]), 3)
+        results[behaviour]["ratio_modules_to_recipe"] = round(statistics.median(samples["modules"]) / statistics.median(samples["recipe"]), 3)
         print(behaviour, json.dumps(results[behaviour]), file=sys.stderr, flush=True)
     node("systemctl stop vllm.service 'gpufleet-bench-*'; echo '{}' > /etc/gpufleet-sim/faults.json", check=False)
     print(json.dumps(results, indent=1))

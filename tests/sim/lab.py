@@ -39,6 +39,7 @@ PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "pro
 # NODE_TESTS, so that nodes always run the code under test.
 LIBRARY_SOURCE = HERE / "nvml" / "sim_nvml.c"
 NODE_TESTS = "/opt/gpufleet-tests"
+NODE_COLLECTION = "/opt/gpufleet-collection"  # the modules, importable on a node for benchmarks that run them directly
 RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 VLLM_WRAPPER = """#!/bin/sh
@@ -203,6 +204,7 @@ def up(count: int, gpus: int, reuse: bool = False) -> bool:
         run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
              "-p", f"127.0.0.1:{port}:22", "-v", f"{config_dir}:/etc/gpufleet-sim:rw",
              "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",
+             "-v", f"{REPO}:{NODE_COLLECTION}/ansible_collections/gpufleet/serving:ro",
              ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
     write_inventory(ports, key, gpus)
