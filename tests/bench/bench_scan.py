@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "build" / "collections"))
+sys.path.insert(0, str(REPO / "collections"))  # linked by make setup
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import HolderScanner, device_nodes  # noqa: E402
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader  # noqa: E402
@@ -74,7 +74,7 @@ def time_scan(device: Path) -> tuple[float, set[int]]:
 
 def time_module(device: Path) -> tuple[float, set[int]]:
     args = json.dumps({"ANSIBLE_MODULE_ARGS": {"device_paths": [str(device)], "sources": ["proc"], "_ansible_check_mode": True}})
-    env = dict(os.environ, PYTHONPATH=str(REPO / "build" / "collections"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "collections"))
     started = time.perf_counter()
     run = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "ansible_collections.gpufleet.serving.plugins.modules.gpu_holders_kill", args],
                          capture_output=True, text=True, env=env, cwd="/")
