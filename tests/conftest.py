@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +122,16 @@ def processes():
     procs = Processes()
     yield procs
     procs.cleanup()
+
+
+def remove_cgroup(path: str, attempts: int = 100) -> None:
+    """A cgroup can be removed only once its last process is reaped: retry for a few seconds."""
+    for _ in range(attempts):
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import alive
+from conftest import alive, remove_cgroup
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -39,12 +39,7 @@ def make_group(root: str) -> str:
 def group(request):
     path = make_group(HIERARCHIES[request.param])
     yield request.param, path
-    for _ in range(100):
-        try:
-            os.rmdir(path)
-            break
-        except OSError:
-            time.sleep(0.05)
+    remove_cgroup(path)
 
 
 def daemonising_tree(group_path: str, count_file: str) -> subprocess.Popen:

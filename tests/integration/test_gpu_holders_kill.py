@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import HELPER, alive, run_module
+from conftest import HELPER, alive, remove_cgroup, run_module
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
@@ -363,12 +363,7 @@ def test_holder_inside_a_service_is_reported_with_its_unit_and_a_warning(devices
         assert any("stop it with gpufleet.serving.systemd_stop_hard first" in w for w in result.warnings)
     finally:
         processes.cleanup()
-        for _ in range(100):
-            try:
-                os.rmdir(group)
-                break
-            except OSError:
-                time.sleep(0.05)
+        remove_cgroup(group)
 
 
 def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, nvml_env):
