@@ -88,14 +88,7 @@ def _protected_pid(pid: int, reader: ProcReader) -> int:
     return pid
 
 
-@dataclass
-class Observation:
-    plan: KillPlan
-    inventory: dict | None
-    warnings: list[str]
-
-
-def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None) -> Observation:
+def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None) -> KillPlan:
     """Find every holder of the selected GPUs and decide, for each, target or protected."""
     warnings = []
     inventory = None
@@ -137,7 +130,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     if plan.ambiguous:
         plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
                              "(forked children, NVML clients): left alone, see `ambiguous`; set ambiguous: kill or free all GPUs to include them")
-    return Observation(plan, inventory, warnings)
+    return plan
 
 
 def _unit_warnings(plan: KillPlan) -> list[str]:

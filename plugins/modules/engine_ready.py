@@ -125,6 +125,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import poll_until
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
@@ -154,8 +155,8 @@ def main() -> None:
     try:
         timeout = non_negative("timeout", params["timeout"])
         interval = non_negative("interval", params["interval"], minimum_exclusive=True)
-    except Exception as exc:  # noqa: BLE001 - InvalidInput carries the message
-        module.fail_json(msg=str(exc))
+    except InvalidInput as exc:
+        module.fail_json(msg=exc.msg)
     engine = params["engine"]
     client = http.HttpClient(params["url"] or f"http://127.0.0.1:{http.DEFAULT_PORTS[engine]}", params["api_key"])
     started = time.monotonic()

@@ -267,7 +267,7 @@ def main() -> None:
             module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to query NVML (or set sources: [proc] without gpus)"),
                              exception=PYNVML_IMPORT_ERROR)
         with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
-            plan = holders_kill.observe(request, nvml_client, reader).plan
+            plan = holders_kill.observe(request, nvml_client, reader)
             result = dict(holders_kill.plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
             for warning in plan.warnings:
                 module.warn(warning)

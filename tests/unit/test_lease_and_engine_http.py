@@ -107,3 +107,15 @@ def test_spec_acceptance_from_vllm_counters_and_sglang_gauge():
     assert http.spec_acceptance("vllm", before, after) == pytest.approx(0.1)
     assert http.spec_acceptance("vllm", before, before) is None
     assert http.spec_acceptance("sglang", {}, {"sglang:spec_accept_rate": 0.62}) == 0.62
+
+
+def test_engine_ready_rejects_bad_timeouts_and_reports_an_engine_that_is_down():
+    """Bad input names the option; an engine that does not answer is 'not ready yet', within the call's timeout."""
+    from conftest import run_module
+
+    bad = run_module("engine_ready", {"engine": "vllm", "model": "m", "timeout": -1})
+    assert bad.failed and "timeout: must be at least 0" in bad["msg"]
+    down = run_module("engine_ready", {"engine": "vllm", "model": "m", "url": "http://127.0.0.1:9", "timeout": 0.5, "interval": 0.1})
+    assert not down.failed and down["ready"] is False and down["waiting_for"].startswith("/health: no connection")
+    drained = run_module("engine_drain", {"engine": "sglang", "url": "http://127.0.0.1:9", "timeout": 1})
+    assert drained["drained"] is True and drained["answering"] is False
