@@ -52,6 +52,8 @@ docs:
 unit:
 	$(BIN)/python -m pytest -q tests
 
+# reset clears the state Molecule keeps between runs (a stale "prepared" would skip prepare).
+MOLECULE := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 NODES ?= 3
 GPUS ?= 8
@@ -65,11 +67,10 @@ lab-down:
 molecule:
 	$(BIN)/python tests/sim/lab.py up --nodes 2 --gpus 8
 	@rc=0; for scenario in $(MOLECULE_SCENARIOS); do \
-		$(BIN)/molecule reset -s $$scenario > /dev/null 2>&1; \
-		start=$$(date +%s); \
-		if PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule test -s $$scenario > build/molecule-$$scenario.log 2>&1; \
+		start=$$(date +%s); log=build/molecule-$$scenario.log; \
+		if { $(MOLECULE) reset -s $$scenario && $(MOLECULE) test -s $$scenario; } > $$log 2>&1; \
 		then echo "molecule $$scenario: passed in $$(( $$(date +%s) - start ))s"; \
-		else echo "molecule $$scenario: FAILED (build/molecule-$$scenario.log)"; tail -40 build/molecule-$$scenario.log; rc=1; fi; \
+		else echo "molecule $$scenario: FAILED ($$log)"; sed 's/\x1b\[[0-9;]*m//g' $$log | grep -B3 -A25 -E 'fatal:|ERROR|Traceback' | cut -c1-300 | head -150; rc=1; fi; \
 	done; $(BIN)/python tests/sim/lab.py down; exit $$rc
 
 test: lint docs unit molecule
