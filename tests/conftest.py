@@ -134,6 +134,48 @@ def remove_cgroup(path: str, attempts: int = 100) -> None:
             time.sleep(0.05)
 
 
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+class Freezer:
+    """A cgroup v1 freezer group: a frozen process sits in D state and a SIGKILL stays pending until it is thawed,
+    the catalogue's unkillable process (F4) made real."""
+
+    def __init__(self, name: str):
+        self.group = FREEZER / name
+        self.group.mkdir()
+
+    def _set(self, state: str) -> None:
+        (self.group / "freezer.state").write_text(state)
+        deadline = time.monotonic() + 10
+        while (self.group / "freezer.state").read_text().strip() != state:
+            assert time.monotonic() < deadline, f"freezer never reached {state}"
+            time.sleep(0.02)
+
+    def freeze(self, pid: int) -> None:
+        (self.group / "cgroup.procs").write_text(str(pid))
+        self._set("FROZEN")
+
+    def thaw(self) -> None:
+        self._set("THAWED")
+
+    def remove(self) -> None:
+        self.thaw()
+        for pid in (self.group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (FREEZER / "cgroup.procs").write_text(pid)
+        remove_cgroup(str(self.group))
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    if not (FREEZER / "cgroup.procs").exists():
+        pytest.skip("needs the cgroup v1 freezer to make a process unkillable")
+    freezer = Freezer(f"gpufleet-test-{os.getpid()}-{tmp_path.name}")
+    yield freezer
+    freezer.remove()
+
+
 def alive(pid: int) -> bool:
     """Alive and not a zombie, judged by psutil: an oracle independent of the collection's own /proc reader."""
     try:

@@ -13,6 +13,7 @@ and every read tolerates the process vanishing or being unreadable.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
@@ -237,6 +238,18 @@ def describe(reader: ProcReader, pid: int) -> dict:
     }
 
 
+def signal_names(mask: int) -> list[str]:
+    """A /proc signal mask (bit N-1 set = signal N pending) as names: a pending SIGKILL is the mark of an unkillable task."""
+    names = []
+    for number in range(1, 65):
+        if mask & (1 << (number - 1)):
+            try:
+                names.append(signal.Signals(number).name)
+            except ValueError:
+                names.append(f"SIG{number}")
+    return names
+
+
 def survivor_details(reader: ProcReader, pid: int) -> dict:
     """Why a process may still be there: state (D = uninterruptible), kernel wait channel, pending signals."""
     details = {"wchan": reader.wchan(pid)}
@@ -244,6 +257,7 @@ def survivor_details(reader: ProcReader, pid: int) -> dict:
         status = reader.status(pid)
     except (ProcessGone, PermissionError):
         return details
-    details["signals_pending"] = status.get("ShdPnd") or status.get("SigPnd")
+    pending = int(status.get("SigPnd", "0") or "0", 16) | int(status.get("ShdPnd", "0") or "0", 16)
+    details["signals_pending"] = signal_names(pending)
     details["threads"] = int(status.get("Threads", "0") or 0)
     return details

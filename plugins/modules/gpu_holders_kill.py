@@ -176,7 +176,9 @@ killed:
   type: list
   elements: dict
 survivors:
-  description: Targets still alive after SIGKILL and O(kill_timeout), with state, wchan, pending signals and threads.
+  description:
+    - Targets still alive after SIGKILL and O(kill_timeout), with state (D = uninterruptible), wchan, threads and
+      C(signals_pending), pending signals by name (a pending SIGKILL marks a task that cannot die now).
   returned: always
   type: list
   elements: dict

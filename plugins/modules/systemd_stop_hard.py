@@ -137,7 +137,9 @@ killed:
   type: list
   elements: dict
 survivors:
-  description: Processes still in the control group at the end, with state (D = uninterruptible), wchan and pending signals.
+  description:
+    - Processes still in the control group at the end, with state (D = uninterruptible), wchan and
+      C(signals_pending), pending signals by name (a pending SIGKILL marks a task that cannot die now).
   returned: always
   type: list
   elements: dict

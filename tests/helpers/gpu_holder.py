@@ -3,7 +3,8 @@
 It opens and/or maps the files it is given, optionally records simulated NVML memory for itself, then prints
 "ready <pid>" and waits. Faults are switched on by flags: ignore SIGTERM, drain for a while on SIGTERM, fork a
 child that inherits the files (NVML keeps listing the parent), exit the leader thread while a worker thread
-keeps the files (a zombie leader with a live thread), change its comm.
+keeps the files (a zombie leader with a live thread), change its comm, wait in killable D state (a vfork parent
+whose child blocks before exec; glibc blocks every signal but SIGKILL meanwhile).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--alloc", nargs="*", default=[], help="GPU:MIB to record as used by this process")
     parser.add_argument("--fork-child", action="store_true", help="fork a child that inherits everything; print both pids")
     parser.add_argument("--zombie-leader", action="store_true", help="leader thread exits, a worker thread keeps the files")
+    parser.add_argument("--vfork-blocked", metavar="FIFO",
+                        help="after 'ready', posix_spawn a child that blocks opening FIFO: the parent waits in killable D state")
     parser.add_argument("extra", nargs="*", help="ignored words (decoys put engine names here)")
     return parser.parse_args(argv)
 
@@ -91,6 +94,9 @@ def main(argv: list[str]) -> None:
         worker = threading.Thread(target=lambda: (kept, time.sleep(1e6)))
         worker.start()
         ctypes.CDLL(None).pthread_exit(None)
+    if args.vfork_blocked:
+        # the child inherits the files and blocks in open() before exec; the parent sleeps in vfork until then
+        os.posix_spawn("/bin/true", ["true"], os.environ, file_actions=[(os.POSIX_SPAWN_OPEN, 200, args.vfork_blocked, os.O_RDONLY, 0)])
     while True:
         time.sleep(3600)
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from conftest import HELPER, alive, remove_cgroup, run_module
 
@@ -396,3 +397,51 @@ def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(d
     assert {t["pid"]: t["gpus"] for t in everything["targets"]} == {on_gpu0: [0], unlisted_both: [0, 1]}
     forced = run_module(MODULE, kill_args(devices, gpus=["1"], ambiguous="kill"), check_mode=True, env=nvml_env)
     assert pids_of(forced["targets"]) == {unlisted_both} and forced["ambiguous"] == []
+
+
+def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(devices, processes, frozen, nvml_env):
+    """G19/G20 (F4): a frozen holder stays in D state with SIGKILL pending. The module fails after kill_timeout
+    instead of hanging, names the survivor with its state and pending signals, never reads its cmdline, and a
+    second run reports the same survivor without counting a kill."""
+    _, (pid,) = processes.holder("--open", devices.gpu(1))
+    frozen.freeze(pid)
+    args = kill_args(devices, term_timeout=0.5, kill_timeout=1)
+
+    first = run_module(MODULE, args, env=nvml_env, timeout=30)
+    assert first.failed and f"{pid} (python" in first["msg"] and "state D" in first["msg"]
+    (survivor,) = first["survivors"]
+    assert survivor["pid"] == pid and survivor["state"] == "D" and survivor["cmdline"] is None
+    assert "SIGKILL" in survivor["signals_pending"] and survivor["wchan"]
+    assert first["killed"] == [] and first["terminated"] == []
+
+    second = run_module(MODULE, args, env=nvml_env, timeout=30)
+    assert second.failed and pids_of(second["survivors"]) == {pid}
+    assert second["killed"] == [] and second["terminated"] == []
+
+    frozen.thaw()  # the pending SIGKILL now takes effect
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < deadline, "thawed process did not die of its pending SIGKILL"
+        time.sleep(0.05)
+    after = run_module(MODULE, args, env=nvml_env)
+    assert not after.failed and after["changed"] is False and after["holders"] == []
+
+
+def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path):
+    """S20 (F5): a vfork parent waits in killable D state with every signal but SIGKILL blocked; its child holds the
+    inherited file. SIGTERM does nothing, SIGKILL ends both, and nothing is reported as a survivor."""
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    _, (pid,) = processes.holder("--open", devices.gpu(2), "--vfork-blocked", str(fifo))
+    deadline = time.monotonic() + 10
+    while ProcReader().stat(pid).state != "D" or not psutil.Process(pid).children():
+        assert time.monotonic() < deadline, "the helper never reached vfork's D state"
+        time.sleep(0.02)
+    (child,) = [c.pid for c in psutil.Process(pid).children()]
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+    assert not result.failed, result["msg"]
+    assert pids_of(result["holders"]) == {pid, child}
+    assert pids_of(result["killed"]) == {pid, child} and result["survivors"] == []
+    assert [s["signal"] for s in result["signals"] if s["pid"] == pid] == ["SIGTERM", "SIGCONT", "SIGKILL"]
+    assert not alive(pid) and not alive(child)
