@@ -269,6 +269,9 @@ class NvmlProcess:
     kind: str
 
 
+IMPLAUSIBLE_PID = "implausible PID"
+
+
 @dataclass
 class KillPlan:
     holders: list[dict] = field(default_factory=list)
@@ -298,9 +301,12 @@ def cross_check_nvml(listed: list[NvmlProcess], scanner: HolderScanner, scan: Sc
     return stale
 
 
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
+
+
 def _stale_reason(pid: int, reader: ProcReader) -> str:
-    if pid <= 1:
-        return "implausible PID"
+    if pid <= 1 or pid > PID_MAX_LIMIT:
+        return IMPLAUSIBLE_PID
     try:
         status = reader.status(pid)
         state = reader.stat(pid).state

@@ -15,6 +15,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
     BUILTIN_PROTECTED_NAMES,
     DEFAULT_DEVICE_GLOBS,
+    IMPLAUSIBLE_PID,
     Guard,
     HolderScanner,
     KillPlan,
@@ -112,6 +113,9 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
         listed = [NvmlProcess(gpu["index"], p["pid"], p["used_mib"], p["type"]) for gpu in inventory["gpus"] for p in gpu["processes"]]
         stale = [entry for entry in cross_check_nvml(listed, scanner, scan, reader)
                  if selected_indexes is None or entry["gpu"] in selected_indexes]
+        implausible = [str(entry["pid"]) for entry in stale if entry["reason"] == IMPLAUSIBLE_PID]
+        if implausible:
+            warnings.append(f"NVML listed implausible PIDs {', '.join(implausible)}: ignored, never signalled")
         if not in_init_pid_namespace():
             warnings.append("this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs were used only where /proc confirms a holder")
     if inventory is None:

@@ -107,13 +107,19 @@ def failure_message(assessment: Assessment, details: dict[int, dict], timeout: f
             continue
         detail = details.get(gpu["index"], {})
         proc = ", ".join(f"{h['pid']} ({h['comm']}, state {h['state']})" for h in detail.get("proc_holders", [])) or "none"
-        listed = ", ".join(
-            f"{p['pid']}{' (stale: ' + p['stale'] + ')' if p.get('stale') else ''}" for p in detail.get("nvml_processes", [])) or "none"
+        listed = ", ".join(_describe_listed(p) for p in detail.get("nvml_processes", [])) or "none"
         lines.append(
             f"GPU {gpu['index']} ({gpu.get('uuid', '?')}, bus {gpu.get('bus_id', '?')}): {'; '.join(gpu['problems'])}; "
             f"holders in /proc: {proc}; NVML processes: {listed}; {detail.get('classification')}: "
             f"{EXPLANATIONS.get(detail.get('classification'), '')}")
     return "\n".join(lines)
+
+
+def _describe_listed(process: dict) -> str:
+    """'1234', '1234 (graphics)', '1234 (mps, stale: ...)': compute is the usual case and goes unsaid."""
+    notes = [process["type"]] if process.get("type", "compute") != "compute" else []
+    notes += [f"stale: {process['stale']}"] if process.get("stale") else []
+    return f"{process['pid']} ({', '.join(notes)})" if notes else str(process["pid"])
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,20 @@ def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, proce
     assert pids_of(result["terminated"]) == {holder}
 
 
+@pytest.mark.parametrize("garbage_pid", [0, 1, 2**32 - 1])
+def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, sim, nvml_env, garbage_pid):
+    """G11 / F11: NVML lists an impossible PID (0 would signal our process group, 1 is init) with memory it cannot
+    measure (2**64 - 1). It is reported as implausible with a warning; only the real holder is signalled."""
+    _, (holder,) = processes.holder("--open", devices.gpu(0))
+    sim.allocate(1, 2048, holders=[], reported_pid=garbage_pid, leak=True, unknown_used=True)
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    assert not result.failed, result["msg"]
+    assert result["stale_nvml_pids"] == [{"pid": garbage_pid, "gpu": 1, "used_mib": None, "reason": "implausible PID"}]
+    assert any(f"implausible PIDs {garbage_pid}" in warning for warning in result.warnings)
+    assert {s["pid"] for s in result["signals"]} == {holder}
+    assert pids_of(result["terminated"]) == {holder}
+
+
 def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, processes, sim, nvml_env):
     """sources=[nvml]: discovery from NVML's list, each PID confirmed in /proc before it can be a target."""
     _, (pid,) = processes.holder("--open", devices.ctl, "--sim-root", str(sim.root), "--alloc", "3:1000")

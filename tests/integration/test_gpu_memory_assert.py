@@ -87,6 +87,20 @@ def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, proces
     assert detail["classification"] == "holder_present"
 
 
+def test_graphics_and_mps_processes_are_listed_by_type_and_their_memory_counts(devices, sim, processes, nvml_env):
+    """M17: NVML's graphics and MPS lists are read besides compute; their memory makes the GPU dirty."""
+    _, (xorg,) = processes.holder("--open", devices.gpu(2), "--comm", "Xorg")  # minor 2 is NVML index 0
+    sim.allocate(0, 300, holders=[xorg], kind="graphics")
+    _, (mps,) = processes.holder("--open", devices.gpu(2), "--comm", "nvidia-cuda-mps-server")
+    sim.allocate(0, 2048, holders=[mps], kind="mps")
+    result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
+    assert result.failed and result["dirty"] == [0]
+    assert result["gpus"][0]["used_mib"] == 2348
+    assert {p["pid"]: p["type"] for p in result["details"]["0"]["nvml_processes"]} == {xorg: "graphics", mps: "mps"}
+    assert f"NVML processes: {xorg} (graphics), {mps} (mps);" in result["msg"] or \
+        f"NVML processes: {mps} (mps), {xorg} (graphics);" in result["msg"]
+
+
 def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
     """M6: NVML runs in a worker that is abandoned when it does not answer."""
     sim.fault("nvmlDeviceGetMemoryInfo_v2", "hang")

@@ -120,8 +120,8 @@ class SimNvml:
         self.write()
 
     def allocate(self, gpu: int, mib: int, holders: list[int], reported_pid: int | None = None, kind: str = "compute",
-                 linger_ms: int = 0, leak: bool = False) -> Path:
-        return allocate(self.root, gpu, mib, holders, reported_pid, kind, linger_ms, leak)
+                 linger_ms: int = 0, leak: bool = False, unknown_used: bool = False) -> Path:
+        return allocate(self.root, gpu, mib, holders, reported_pid, kind, linger_ms, leak, unknown_used)
 
     def release_all(self) -> None:
         shutil.rmtree(self.root / "alloc")
@@ -132,16 +132,18 @@ _serial = itertools.count()
 
 
 def allocate(root: Path, gpu: int, mib: int, holders: list[int], reported_pid: int | None = None, kind: str = "compute",
-             linger_ms: int = 0, leak: bool = False) -> Path:
+             linger_ms: int = 0, leak: bool = False, unknown_used: bool = False) -> Path:
     """Record memory on GPU `gpu` kept alive by `holders`, listed by NVML under reported_pid (default: first holder).
 
     linger_ms: memory stays used that long after the last holder exits (slow driver release).
     leak: memory stays used with no holder at all, until the allocation file is removed.
+    unknown_used: NVML lists the process's memory as NVML_VALUE_NOT_AVAILABLE (2**64 - 1), as broken drivers do.
     """
     reported = reported_pid if reported_pid is not None else (holders[0] if holders else 0)
     holder_words = " ".join(f"holder={pid}:{process_start_time(pid)}" for pid in holders)
     holder_words += f" linger_ms={linger_ms}" if linger_ms else ""
     holder_words += " leak=1" if leak else ""
+    holder_words += " unknown_used=1" if unknown_used else ""
     name = f"{os.getpid()}-{next(_serial)}"
     path = Path(root) / "alloc" / name
     partial = path.with_name(f".{name}.partial")  # dot files are ignored by the library

@@ -283,7 +283,8 @@ static int still_lingering(const char *dir_path, const char *name, unsigned long
 }
 
 /*
- * Allocation file: "gpu=<index> mib=<n> pid=<reported pid> kind=compute|graphics holder=<pid>:<start> ... [linger_ms=N] [leak=1]"
+ * Allocation file: "gpu=<index> mib=<n> pid=<reported pid> kind=compute|graphics holder=<pid>:<start> ... [linger_ms=N] [leak=1]
+ *                   [unknown_used=1]"
  * Counts while a holder lives (then linger_ms more), or forever with leak=1; reports `pid`, which may be a
  * dead process (stale NVML PID).
  */
@@ -312,7 +313,7 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
             continue;
         unsigned int gpu = ~0U, pid = 0;
         unsigned long long mib = 0, linger_ms = 0;
-        int alive = 0, leak = 0;
+        int alive = 0, leak = 0, unknown_used = 0;
         char alloc_kind[16] = "compute";
         char *save = NULL;
         for (char *tok = strtok_r(line, " \r\n", &save); tok; tok = strtok_r(NULL, " \r\n", &save)) {
@@ -326,6 +327,8 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
                 linger_ms = strtoull(tok + 10, NULL, 10);
             else if (strcmp(tok, "leak=1") == 0)
                 leak = 1;
+            else if (strcmp(tok, "unknown_used=1") == 0)
+                unknown_used = 1; /* listed as NVML_VALUE_NOT_AVAILABLE, still counted in the GPU's total */
             else if (strncmp(tok, "kind=", 5) == 0)
                 snprintf(alloc_kind, sizeof(alloc_kind), "%s", tok + 5);
             else if (strncmp(tok, "holder=", 7) == 0) {
@@ -342,15 +345,16 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
         if (kind && strcmp(kind, alloc_kind) != 0)
             continue;
         int merged = 0;
+        unsigned long long listed = unknown_used ? ~0ULL : mib * MIB;
         for (unsigned int i = 0; i < count; i++) {
             if (out[i].pid == pid) {
-                out[i].used_bytes += mib * MIB;
+                out[i].used_bytes = (unknown_used || out[i].used_bytes == ~0ULL) ? ~0ULL : out[i].used_bytes + listed;
                 merged = 1;
             }
         }
         if (!merged && count < max_out) {
             out[count].pid = pid;
-            out[count].used_bytes = mib * MIB;
+            out[count].used_bytes = listed;
             count++;
         }
     }
