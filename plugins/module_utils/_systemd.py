@@ -39,6 +39,8 @@ PROTECTED_UNITS = frozenset({
     "nvidia-fabricmanager.service", "nv-fabricmanager.service", "nvidia-dcgm.service", "dcgm.service",
     "nv-hostengine.service", "dcgm-exporter.service", "nvidia-imex.service", "containerd.service", "docker.service",
     "docker.socket", "crio.service", "podman.service", "kubelet.service",
+    # sockets that start the above again
+    "ssh.socket", "sshd.socket", "dbus.socket", "podman.socket", "containerd.socket", "nvidia-dcgm.socket",
 })
 PROTECTED_PREFIXES = ("systemd-",)  # systemd's own units: journald, logind, udevd, networkd, resolved ...
 
@@ -119,6 +121,11 @@ class UnitState:
         return self.properties.get("Job", "") not in ("", "0")
 
     @property
+    def triggered_by(self) -> list[str]:
+        """Sockets, timers and paths that can start this unit again."""
+        return self.properties.get("TriggeredBy", "").split()
+
+    @property
     def control_group(self) -> str:
         return self.properties.get("ControlGroup", "")
 
@@ -139,8 +146,6 @@ class UnitState:
             warnings.append("SendSIGKILL=no: systemd would never SIGKILL this unit's processes; this module does at its deadline")
         if self.properties.get("TimeoutStopUSec") == "infinity":
             warnings.append("TimeoutStopSec=infinity: a plain systemctl stop could wait forever")
-        if self.properties.get("TriggeredBy"):
-            warnings.append(f"{self.properties['Id']} can still be activated by {self.properties['TriggeredBy']}; stop those units too to keep it down")
         return warnings
 
 
@@ -291,6 +296,7 @@ class StopRequest:
     disable: bool
     allow_protected: bool
     settle: float
+    stop_triggers: bool = False
 
 
 @dataclass
@@ -302,14 +308,19 @@ class StopPlan:
     stop: bool
     disable: bool
     warnings: list[str] = field(default_factory=list)
+    triggers: list[str] = field(default_factory=list)  # active triggers to stop first
 
     @property
     def changes(self) -> bool:
-        return self.stop or self.disable
+        return self.stop or self.disable or bool(self.triggers)
 
 
-def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_pids: set[int]) -> StopPlan:
-    """What must happen to reach 'inactive, empty and (optionally) disabled'; refuses what must never happen."""
+def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_pids: set[int],
+              trigger_states: dict[str, UnitState] | None = None) -> StopPlan:
+    """What must happen to reach 'inactive, empty and (optionally) disabled'; refuses what must never happen.
+
+    trigger_states: the units in TriggeredBy=, read when stop_triggers is asked for.
+    """
     if not state.found:
         if request.must_exist:
             raise Refused(f"{request.unit} does not exist (LoadState={state.properties.get('LoadState')}) and must_exist is true")
@@ -322,7 +333,19 @@ def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_
     needs_stop = not state.inactive or state.job_pending or bool(members)
     needs_disable = request.disable and state.properties.get("UnitFileState") == "enabled"
     warnings = state.warnings() if needs_stop else []
-    return StopPlan(request.unit, True, state, members, stop=needs_stop, disable=needs_disable, warnings=warnings)
+    triggers = []
+    if request.stop_triggers:
+        for trigger, trigger_state in (trigger_states or {}).items():
+            reason = refusal(trigger, request.allow_protected)
+            if reason:
+                raise Refused(f"{request.unit} is triggered by {trigger}, which cannot be stopped: {reason}", unit=request.unit)
+            if not trigger_state.inactive or trigger_state.job_pending:
+                triggers.append(trigger)
+    elif state.triggered_by and needs_stop:
+        warnings.append(f"{request.unit} can still be started by {', '.join(state.triggered_by)}; "
+                        "set stop_triggers to stop them first")
+    return StopPlan(request.unit, True, state, members, stop=needs_stop, disable=needs_disable, warnings=warnings,
+                    triggers=triggers)
 
 
 @dataclass
@@ -335,6 +358,7 @@ class StopOutcome:
     survivors: list[dict] = field(default_factory=list)
     restarted: bool = False
     errors: list[str] = field(default_factory=list)
+    triggers_stopped: list[str] = field(default_factory=list)
 
 
 class UnitStopper:
@@ -355,12 +379,28 @@ class UnitStopper:
 
     def run(self, plan: StopPlan, request: StopRequest) -> StopOutcome:
         outcome = StopOutcome(state_after=plan.state)
+        if plan.triggers:
+            self._stop_triggers(plan.triggers, request, outcome)
+            if outcome.errors:
+                return outcome
         if plan.stop:
             self._stop(plan, request, outcome)
         if plan.disable:
             self.systemctl.disable(plan.unit)
             outcome.state_after = self.systemctl.show(plan.unit)
         return outcome
+
+    def _stop_triggers(self, triggers: list[str], request: StopRequest, outcome: StopOutcome) -> None:
+        """First the sockets, timers and paths, so that nothing can start the unit while it is being stopped."""
+        deadline = Deadline(request.stop_timeout, self.clock)
+        for trigger in triggers:
+            self.systemctl.stop(trigger)
+        for trigger in triggers:
+            state = self._wait(trigger, lambda s: s.inactive and not s.job_pending, deadline)
+            if state.inactive and not state.job_pending:
+                outcome.triggers_stopped.append(trigger)
+            else:
+                outcome.errors.append(f"trigger {trigger} is still {state.active_state} after stop_timeout={request.stop_timeout:g}s")
 
     def _stop(self, plan: StopPlan, request: StopRequest, outcome: StopOutcome) -> None:
         group_path = plan.state.control_group
@@ -468,4 +508,5 @@ def stop_request(params: dict) -> StopRequest:
         disable=params["disable"],
         allow_protected=params["allow_protected"],
         settle=non_negative("settle", params["settle"]),
+        stop_triggers=params.get("stop_triggers", False),
     )

@@ -29,7 +29,9 @@ author:
 attributes:
   check_mode:
     support: full
-    details: Reports whether the unit would be stopped or disabled and lists the processes of its control group; changes nothing.
+    details: >-
+      Reports whether the unit would be stopped or disabled, which of its triggers would be stopped, and lists the
+      processes of its control group; changes nothing.
   diff_mode:
     support: none
   platform:
@@ -67,6 +69,14 @@ options:
     description: Allow stopping a protected unit (never C(init.scope) or a slice).
     type: bool
     default: false
+  stop_triggers:
+    description:
+      - First stop the units that can start this one again (its C(TriggeredBy=) sockets, timers and paths), so that a
+        connection or a timer firing during the teardown cannot bring it back. Nothing starts them again afterwards.
+      - Without it, a unit with triggers gets a warning naming them.
+      - A protected trigger (C(ssh.socket), C(dbus.socket), ...) is refused unless O(allow_protected=true).
+    type: bool
+    default: false
 requirements:
   - systemd
 notes:
@@ -86,6 +96,12 @@ EXAMPLES = r"""
   gpufleet.serving.systemd_stop_hard:
     name: vllm
     stop_timeout: 120
+  become: true
+
+- name: Stop a socket-activated engine and its socket, so that no connection starts it again
+  gpufleet.serving.systemd_stop_hard:
+    name: vllm
+    stop_triggers: true
   become: true
 
 - name: Stop and disable an SGLang instance of a template unit
@@ -147,6 +163,12 @@ disabled:
   description: Whether the unit was disabled by this run.
   returned: always
   type: bool
+triggers_stopped:
+  description: Triggers of the unit stopped by this run (in check mode, those that would be), with O(stop_triggers=true).
+  returned: always
+  type: list
+  elements: str
+  sample: [vllm.socket]
 warnings:
   description: Unit settings that make a plain stop unsafe (KillMode=process/none, SendSIGKILL=no, TimeoutStopSec=infinity, triggers).
   returned: when any
@@ -177,6 +199,7 @@ ARGUMENT_SPEC = dict(
     must_exist=dict(type="bool", default=False),
     disable=dict(type="bool", default=False),
     allow_protected=dict(type="bool", default=False),
+    stop_triggers=dict(type="bool", default=False),
 )
 
 
@@ -190,7 +213,8 @@ def main() -> None:
         with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), request.stop_timeout + request.kill_timeout + request.settle):
             state = systemctl.show(request.unit)
             ourselves = {os.getpid()} | {stat.pid for stat in reader.ancestors(os.getpid())}
-            plan = systemd.plan_stop(request, state, systemd.Cgroup.locate(state.control_group, reader), ourselves)
+            triggers = {name: systemctl.show(name) for name in state.triggered_by} if request.stop_triggers else None
+            plan = systemd.plan_stop(request, state, systemd.Cgroup.locate(state.control_group, reader), ourselves, triggers)
             for warning in plan.warnings:
                 module.warn(warning)
             outcome = systemd.StopOutcome(state_after=state)
@@ -203,6 +227,7 @@ def main() -> None:
         state_after=outcome.state_after.summary(), processes=plan.members, escalated=outcome.escalated,
         kill_method=outcome.kill_method, terminated=outcome.terminated, killed=outcome.killed, survivors=outcome.survivors,
         disabled=plan.disable and not module.check_mode, elapsed=time.monotonic() - started,
+        triggers_stopped=plan.triggers if module.check_mode else outcome.triggers_stopped,
     )
     if outcome.survivors:
         listed = ", ".join(f"{s['pid']} ({s.get('comm')}, state {s.get('state')})" for s in outcome.survivors)

@@ -95,10 +95,9 @@ def test_parse_show_keeps_values_with_equals_signs():
 
 def test_unit_warnings_name_unsafe_settings():
     """S8, S10: the unit's own policy would not finish the job."""
-    state = systemd.UnitState({"Id": "minio.service", "KillMode": "none", "SendSIGKILL": "no", "TimeoutStopUSec": "infinity",
-                               "TriggeredBy": "minio.socket"})
+    state = systemd.UnitState({"Id": "minio.service", "KillMode": "none", "SendSIGKILL": "no", "TimeoutStopUSec": "infinity"})
     text = " ".join(state.warnings())
-    assert "KillMode=none" in text and "SendSIGKILL=no" in text and "TimeoutStopSec=infinity" in text and "minio.socket" in text
+    assert "KillMode=none" in text and "SendSIGKILL=no" in text and "TimeoutStopSec=infinity" in text
 
 
 def test_cgroup_is_located_on_v2_hybrid_v1_and_inside_a_container(tmp_path):
@@ -142,8 +141,10 @@ class FakeCgroup(systemd.Cgroup):
 class FakeSystemd:
     """One unit: a main process plus others, with KillMode semantics and an optional restart after the stop."""
 
-    def __init__(self, members: list[subprocess.Popen], kill_mode: str = "control-group", restart_after_stop: bool = False):
+    def __init__(self, members: list[subprocess.Popen], kill_mode: str = "control-group", restart_after_stop: bool = False,
+                 triggers: dict[str, str] | None = None):
         self.members = members
+        self.triggers = dict(triggers or {})  # trigger unit -> ActiveState
         self.kill_mode = kill_mode
         self.restart_after_stop = restart_after_stop
         self.calls: list[str] = []
@@ -152,6 +153,8 @@ class FakeSystemd:
         self.restarts = 0
 
     def show(self, unit: str) -> systemd.UnitState:
+        if unit in self.triggers:
+            return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": self.triggers[unit], "Job": ""})
         self.calls.append("show")
         for proc in self.members:
             proc.poll()  # reap, as systemd reaps its children
@@ -166,9 +169,14 @@ class FakeSystemd:
                 self.invocation, self.restarts, active = "inv-2", self.restarts + 1, "active"
         return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
                                   "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
-                                  "InvocationID": self.invocation, "NRestarts": str(self.restarts)})
+                                  "InvocationID": self.invocation, "NRestarts": str(self.restarts),
+                                  "TriggeredBy": " ".join(self.triggers)})
 
     def stop(self, unit: str) -> None:
+        if unit in self.triggers:
+            self.calls.append(f"stop {unit}")
+            self.triggers[unit] = "inactive"
+            return
         self.calls.append("stop")
         self.stopping = True
         targets = self.members[:1] if self.kill_mode in ("process", "mixed") else self.members
@@ -203,11 +211,12 @@ def unit_processes():
             proc.wait()
 
 
-def run_stop(fake: FakeSystemd, stop_timeout=5.0, kill_timeout=5.0, settle=0.0) -> systemd.StopOutcome:
-    request = systemd.StopRequest("engine.service", stop_timeout, kill_timeout, False, False, False, settle)
+def run_stop(fake: FakeSystemd, stop_timeout=5.0, kill_timeout=5.0, settle=0.0, stop_triggers=False) -> systemd.StopOutcome:
+    request = systemd.StopRequest("engine.service", stop_timeout, kill_timeout, False, False, False, settle, stop_triggers)
     state = fake.show("engine.service")
     cgroup = FakeCgroup(fake)
-    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set())
+    triggers = {name: fake.show(name) for name in state.triggered_by}
+    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states=triggers)
     stopper = systemd.UnitStopper(fake, ProcReader(), Signaller(), locate=lambda path, reader: cgroup)
     return stopper.run(plan, request)
 
@@ -312,3 +321,41 @@ def test_module_without_systemd_as_init_reports_systemctl_error():
     if not result.failed:
         pytest.skip("this machine runs systemd; the lab scenarios cover real stops")
     assert "systemctl" in result["msg"] and result.result.get("killed") is None
+
+
+def test_triggers_are_named_in_a_warning_unless_stop_triggers(unit_processes):
+    """S15, S16 (warning half): a socket or timer could start the unit again after the stop."""
+    fake = FakeSystemd([unit_processes()], triggers={"engine.socket": "active", "engine.timer": "active"})
+    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    plan = systemd.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), set())
+    assert plan.triggers == []
+    assert "engine.service can still be started by engine.socket, engine.timer; set stop_triggers" in " ".join(plan.warnings)
+
+
+def test_stop_triggers_stops_active_triggers_before_the_unit(unit_processes):
+    """S15, S16: sockets and timers go first, so nothing can start the unit while it stops; inactive ones are left."""
+    fake = FakeSystemd([unit_processes()], triggers={"engine.socket": "active", "engine.timer": "inactive"})
+    outcome = run_stop(fake, stop_triggers=True)
+    assert outcome.errors == [] and outcome.triggers_stopped == ["engine.socket"]
+    assert fake.calls.index("stop engine.socket") < fake.calls.index("stop")
+    assert "stop engine.timer" not in fake.calls and fake.triggers == {"engine.socket": "inactive", "engine.timer": "inactive"}
+
+
+def test_stop_triggers_on_a_stopped_unit_is_a_change_only_while_a_trigger_is_active():
+    """A unit already down whose socket still listens: stopping the socket is the change; then nothing is left to do."""
+    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
+    down = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "TriggeredBy": "engine.socket"})
+    empty = systemd.Cgroup(None, ProcReader())
+    listening = {"engine.socket": systemd.UnitState({"Id": "engine.socket", "ActiveState": "active"})}
+    stopped = {"engine.socket": systemd.UnitState({"Id": "engine.socket", "ActiveState": "inactive"})}
+    assert systemd.plan_stop(request, down, empty, set(), listening).changes
+    assert not systemd.plan_stop(request, down, empty, set(), stopped).changes
+
+
+@pytest.mark.parametrize("trigger", ["ssh.socket", "dbus.socket", "systemd-journald.socket"])
+def test_a_protected_trigger_is_refused(trigger):
+    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
+    state = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "active", "TriggeredBy": trigger})
+    triggers = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "active"})}
+    with pytest.raises(Refused, match=f"triggered by {trigger}, which cannot be stopped"):
+        systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), triggers)
