@@ -203,14 +203,23 @@ class ModuleResult:
         return [w["event"]["msg"] if isinstance(w, dict) else w for w in self.result.get("warnings", [])]
 
 
+def _module_invocation(name: str, args: dict, check_mode: bool, env: dict | None) -> dict:
+    module_args = dict(args, _ansible_check_mode=check_mode)
+    return {
+        "args": [sys.executable, "-m", f"ansible_collections.gpufleet.serving.plugins.modules.{name}",
+                 json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
+        "text": True, "cwd": "/", "env": {**os.environ, "PYTHONPATH": str(COLLECTIONS), **(env or {})},
+    }
+
+
+def start_module(name: str, args: dict, env: dict | None = None) -> subprocess.Popen:
+    """The module running in the background, for tests that interrupt it."""
+    return subprocess.Popen(stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_module_invocation(name, args, False, env))
+
+
 def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120) -> ModuleResult:
     """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node."""
-    module_args = dict(args, _ansible_check_mode=check_mode)
-    proc = subprocess.run(
-        [sys.executable, "-m", f"ansible_collections.gpufleet.serving.plugins.modules.{name}", json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
-        capture_output=True, text=True, timeout=timeout, cwd="/",
-        env={**os.environ, "PYTHONPATH": str(COLLECTIONS), **(env or {})},
-    )
+    proc = subprocess.run(capture_output=True, timeout=timeout, **_module_invocation(name, args, check_mode, env))
     try:
         result = json.loads(proc.stdout)
     except json.JSONDecodeError:

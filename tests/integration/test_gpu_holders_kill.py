@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import HELPER, alive, remove_cgroup, run_module
+from conftest import HELPER, alive, remove_cgroup, run_module, start_module
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
@@ -459,3 +459,25 @@ def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, 
     assert pids_of(result["killed"]) == {pid, child} and result["survivors"] == []
     assert [s["signal"] for s in result["signals"] if s["pid"] == pid] == ["SIGTERM", "SIGCONT", "SIGKILL"]
     assert not alive(pid) and not alive(child)
+
+
+def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(devices, processes, nvml_env):
+    """G33 / S37: the task is killed (an Ansible timeout) while the module waits out term_timeout. Nothing it started
+    outlives it, the target is not left stopped, its host lock goes with it, and the next run finishes the job."""
+    proc, (pid,) = processes.holder("--open", devices.gpu(0), "--ignore-term")
+    proc.send_signal(signal.SIGSTOP)
+    module = start_module(MODULE, kill_args(devices, term_timeout=60), env=nvml_env)
+    deadline = time.monotonic() + 20
+    while ProcReader().stat(pid).state == "T":  # SIGTERM then SIGCONT sent: the module now waits out term_timeout
+        assert time.monotonic() < deadline and module.poll() is None, "the module never signalled the holder"
+        time.sleep(0.02)
+    started_by_module = psutil.Process(module.pid).children(recursive=True)
+    module.kill()
+    module.communicate(timeout=10)
+    gone, alive_children = psutil.wait_procs(started_by_module, timeout=5)
+    assert alive_children == [], f"outlived the module: {alive_children}"
+    assert alive(pid) and ProcReader().stat(pid).state != "T"
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5, lock_timeout=2), env=nvml_env)
+    assert not result.failed, result["msg"]
+    assert pids_of(result["killed"]) == {pid} and not alive(pid)
