@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
 
 import pytest
-from conftest import alive
+from conftest import COLLECTIONS, alive
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill
@@ -101,3 +103,28 @@ def test_sigcont_follows_sigterm_for_stopped_processes(procs):
     outcome = terminate_then_kill(Signaller(), [identity(proc)], 5, 1)
     assert [s["signal"] for s in outcome.signals] == ["SIGTERM", "SIGCONT"]
     assert [p.pid for p in outcome.terminated] == [proc.pid]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a signaller that drops to an unprivileged user")
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs, use_pidfd):
+    """G32: a real EPERM (an unprivileged signaller, a root process): each signal is tried once and reported as
+    denied, SIGCONT is not sent to what SIGTERM did not reach, and the target is a survivor, not a kill."""
+    target = procs()
+    start_time = ProcReader().start_time(target.pid)
+    script = (
+        "import json, os\n"
+        "from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity\n"
+        "from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill\n"
+        "os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter may live under /root\n"
+        f"outcome = terminate_then_kill(Signaller(use_pidfd={use_pidfd}), [ProcessIdentity({target.pid}, {start_time})], 0.2, 0.2)\n"
+        "print(json.dumps({'signals': outcome.signals, 'survivors': [s.pid for s in outcome.survivors],\n"
+        "                  'killed': len(outcome.killed), 'terminated': len(outcome.terminated)}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd="/",
+                         env={**os.environ, "PYTHONPATH": str(COLLECTIONS)})
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert [(s["signal"], s["result"]) for s in result["signals"]] == [("SIGTERM", "denied"), ("SIGKILL", "denied")]
+    assert result["survivors"] == [target.pid] and result["killed"] == result["terminated"] == 0
+    assert alive(target.pid)
