@@ -7,7 +7,7 @@ import time
 
 import pytest
 from conftest import run_module
-from nvml_sim import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_FUNCTION_NOT_FOUND
+from nvml_sim import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NO_PERMISSION
 
 MODULE = "gpu_memory_assert"
 
@@ -109,6 +109,16 @@ def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
     assert time.monotonic() - started < 15
     assert result.failed and result["classification"] == "nvml_hung"
     assert "nvml_timeout=1s" in result["msg"]
+
+
+@pytest.mark.parametrize("function", ["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3"])
+def test_a_query_nvml_refuses_is_never_a_pass(devices, sim, nvml_env, function):
+    """M12 (the part that needs no MIG hardware): a parent handle that refuses a memory or process query
+    (NVML_ERROR_NO_PERMISSION, as MIG-enabled GPUs can) must not read as an idle GPU."""
+    sim.fault(function, NVML_ERROR_NO_PERMISSION)
+    result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
+    assert result.failed and result["passed"] is False and result["dirty"] == [0, 1, 2, 3]
+    assert "Insufficient Permissions" in result["msg"]
 
 
 @pytest.mark.parametrize(("status", "classification"), [("lost", "gpu_lost"), ("reset_required", "reset_required")])
