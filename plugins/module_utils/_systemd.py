@@ -315,6 +315,11 @@ class StopPlan:
         return self.stop or self.disable or bool(self.triggers)
 
 
+def longest_run(request: StopRequest) -> float:
+    """Seconds a run may take: how long a second run on the same unit waits for the host lock."""
+    return request.stop_timeout * (2 if request.stop_triggers else 1) + request.kill_timeout + request.settle
+
+
 def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_pids: set[int],
               trigger_states: dict[str, UnitState] | None = None) -> StopPlan:
     """What must happen to reach 'inactive, empty and (optionally) disabled'; refuses what must never happen.
@@ -336,11 +341,12 @@ def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_
     triggers = []
     if request.stop_triggers:
         for trigger, trigger_state in (trigger_states or {}).items():
+            if trigger_state.inactive and not trigger_state.job_pending:
+                continue
             reason = refusal(trigger, request.allow_protected)
             if reason:
                 raise Refused(f"{request.unit} is triggered by {trigger}, which cannot be stopped: {reason}", unit=request.unit)
-            if not trigger_state.inactive or trigger_state.job_pending:
-                triggers.append(trigger)
+            triggers.append(trigger)
     elif state.triggered_by and needs_stop:
         warnings.append(f"{request.unit} can still be started by {', '.join(state.triggered_by)}; "
                         "set stop_triggers to stop them first")

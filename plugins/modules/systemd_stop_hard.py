@@ -80,7 +80,8 @@ options:
 requirements:
   - systemd
 notes:
-  - The task takes at most O(stop_timeout) + O(kill_timeout) + O(settle) seconds plus the time of C(systemctl) calls.
+  - The task takes at most O(stop_timeout) + O(kill_timeout) + O(settle) seconds plus the time of C(systemctl) calls;
+    with O(stop_triggers=true), O(stop_timeout) once more for the triggers.
   - On cgroup v1 without C(cgroup.kill), a process forking faster than it is killed could outlive O(kill_timeout); the
     module then fails listing it.
   - Two runs on the same unit are serialised by a lock on the host.
@@ -210,7 +211,7 @@ def main() -> None:
     try:
         request = systemd.stop_request(module.params)
         systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
-        with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), request.stop_timeout + request.kill_timeout + request.settle):
+        with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), systemd.longest_run(request)):
             state = systemctl.show(request.unit)
             ourselves = {os.getpid()} | {stat.pid for stat in reader.ancestors(os.getpid())}
             triggers = {name: systemctl.show(name) for name in state.triggered_by} if request.stop_triggers else None

@@ -353,9 +353,11 @@ def test_stop_triggers_on_a_stopped_unit_is_a_change_only_while_a_trigger_is_act
 
 
 @pytest.mark.parametrize("trigger", ["ssh.socket", "dbus.socket", "systemd-journald.socket"])
-def test_a_protected_trigger_is_refused(trigger):
+def test_an_active_protected_trigger_is_refused_an_inactive_one_is_no_concern(trigger):
     request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
     state = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "active", "TriggeredBy": trigger})
-    triggers = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "active"})}
+    active = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "active"})}
     with pytest.raises(Refused, match=f"triggered by {trigger}, which cannot be stopped"):
-        systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), triggers)
+        systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), active)
+    inactive = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "inactive"})}
+    assert systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), inactive).triggers == []
