@@ -235,7 +235,14 @@ def describe(reader: ProcReader, pid: int) -> dict:
         "state": stat.state,
         "ppid": stat.ppid,
         "unit": reader.unit(pid),
+        "namespace_pid": namespace_pid(status),
     }
+
+
+def namespace_pid(status: dict) -> int | None:
+    """The PID a process has inside its own PID namespace (a container's view), when that is not ours."""
+    nspids = status.get("NSpid", "").split()
+    return int(nspids[-1]) if len(nspids) > 1 else None
 
 
 def signal_names(mask: int) -> list[str]:

@@ -156,6 +156,9 @@ holders:
     uid: {description: Real user id., type: int}
     state: {description: Process state letter from /proc (R, S, D, T, Z)., type: str}
     unit: {description: The systemd service or scope the process runs in, when any., type: str, sample: vllm.service}
+    namespace_pid:
+      description: The PID inside the process's own PID namespace (a container's view), or null when it runs in ours.
+      type: int
     via: {description: How the holding was found (fd, mmap, nvml)., type: list, elements: str, sample: [fd, nvml]}
     devices: {description: Device files held., type: list, elements: str, sample: [/dev/nvidia0, /dev/nvidiactl]}
     gpus: {description: NVML indexes of the GPUs held., type: list, elements: int, sample: [0]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -481,3 +482,23 @@ def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5, lock_timeout=2), env=nvml_env)
     assert not result.failed, result["msg"]
     assert pids_of(result["killed"]) == {pid} and not alive(pid)
+
+
+def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices, nvml_env):
+    """G8: a container-like holder (its own PID namespace) is found through our /proc, reported with the PID it has
+    inside its namespace, and killed by its PID in ours. As its namespace's init it gets no SIGTERM it has no
+    handler for (the kernel drops it), so SIGKILL ends it."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare (util-linux)")
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(HELPER), "--open", devices.gpu(1)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert outer.stdout.readline().split() == ["ready", "1"], "the helper is PID 1 of its namespace"
+        (inner,) = [child.pid for child in psutil.Process(outer.pid).children()]
+        result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+        (holder,) = result["holders"]
+        assert holder["pid"] == inner and holder["namespace_pid"] == 1
+        assert pids_of(result["killed"]) == {inner} and not alive(inner)
+    finally:
+        outer.kill()
+        outer.wait()
