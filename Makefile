@@ -6,14 +6,15 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease
 
-.PHONY: help setup demo demo-modules bench test lint unit docs molecule lab-up lab-down clean
+.PHONY: help setup demo demo-modules bench test lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
-	@echo "make test    lint + docs + pytest (what CI runs)"
+	@echo "make test    lint + docs + sanity + pytest + molecule (what CI runs)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
+	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
@@ -42,6 +43,21 @@ bench:
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ansible-lint
+
+# ansible-test needs the collection under ansible_collections/<namespace>/<name>, outside this checkout (whose git
+# would hide an ignored copy from it): it runs on a copy of the tracked tree there.
+SANITY_BASE ?= $(or $(TMPDIR),/tmp)/gpufleet-serving-sanity
+SANITY_ROOT := $(SANITY_BASE)/ansible_collections/gpufleet/serving
+# ansible-test (of the pinned ansible-core) fetches this pip bootstrap script from a host outside the package index;
+# where that host cannot be reached, tests/tools/get_pip_standin.py does the same job from ensurepip and the index.
+GET_PIP_CACHE := $(HOME)/.ansible/test/cache/get_pip_24_2.py
+
+sanity:
+	rm -rf $(SANITY_BASE) && mkdir -p $(SANITY_ROOT)
+	git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C $(SANITY_ROOT)
+	test -f $(GET_PIP_CACHE) || install -D -m 0644 tests/tools/get_pip_standin.py $(GET_PIP_CACHE)
+	cd $(SANITY_ROOT) && PATH="$(CURDIR)/$(BIN):$$PATH" ansible-test sanity --local --requirements \
+		--python $$($(CURDIR)/$(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 docs:
 	@for module in $(MODULES); do \
@@ -73,7 +89,7 @@ molecule:
 		else echo "molecule $$scenario: FAILED ($$log)"; sed 's/\x1b\[[0-9;]*m//g' $$log | grep -B3 -A25 -E 'fatal:|ERROR|Traceback' | cut -c1-300 | head -150; rc=1; fi; \
 	done; $(BIN)/python tests/sim/lab.py down; exit $$rc
 
-test: lint docs unit molecule
+test: lint docs sanity unit molecule
 
 clean:
 	rm -rf build tests/output .pytest_cache .ruff_cache

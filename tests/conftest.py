@@ -126,7 +126,7 @@ def processes():
 
 def remove_cgroup(path: str, attempts: int = 100) -> None:
     """A cgroup can be removed only once its last process is reaped: retry for a few seconds."""
-    for _ in range(attempts):
+    for _attempt in range(attempts):
         try:
             os.rmdir(path)
             return
@@ -219,7 +219,7 @@ def start_module(name: str, args: dict, env: dict | None = None) -> subprocess.P
 
 def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120) -> ModuleResult:
     """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node."""
-    proc = subprocess.run(capture_output=True, timeout=timeout, **_module_invocation(name, args, check_mode, env))
+    proc = subprocess.run(capture_output=True, timeout=timeout, check=False, **_module_invocation(name, args, check_mode, env))
     try:
         result = json.loads(proc.stdout)
     except json.JSONDecodeError:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
+
+from ansible.module_utils.urls import open_url
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 HEALTH_PATHS = {"vllm": "/health", "sglang": "/health_generate"}
@@ -41,13 +42,13 @@ class HttpClient:
 
     def request(self, method: str, path: str, payload: dict | None = None) -> Response:
         data = json.dumps(payload).encode() if payload is not None else None
-        request = urllib.request.Request(self.base_url + path, data=data, method=method)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.api_key:
-            request.add_header("Authorization", f"Bearer {self.api_key}")
+            headers["Authorization"] = f"Bearer {self.api_key}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:  # noqa: S310 - URL built from module options
+            # the engine is on this node: a proxy from the environment must not be in the way
+            with open_url(self.base_url + path, data=data, method=method, headers=headers, timeout=self.timeout,
+                          use_proxy=False, follow_redirects="none") as reply:
                 return Response(reply.status, reply.read().decode("utf-8", errors="replace"))
         except urllib.error.HTTPError as error:
             return Response(error.code, error.read().decode("utf-8", errors="replace"))

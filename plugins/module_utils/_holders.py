@@ -90,7 +90,7 @@ def parse_maps_identities(text: str) -> set[tuple[int, int]]:
         fields = line.split(None, 5)
         if len(fields) < 5 or fields[4] == "0":
             continue
-        major, _, minor = fields[3].partition(":")
+        major, _colon, minor = fields[3].partition(":")
         found.add((os.makedev(int(major, 16), int(minor, 16)), int(fields[4])))
     return found
 

@@ -102,7 +102,7 @@ class Signaller:
 
     def alive(self, handle: ProcessHandle) -> bool:
         if handle.fd is not None:
-            readable, _, _ = select.select([handle.fd], [], [], 0)
+            readable = select.select([handle.fd], [], [], 0)[0]
             return not readable
         return self.reader.thread_group_alive(handle.pid, handle.identity.start_time)
 

@@ -270,7 +270,7 @@ def _systemd_root(reader: ProcReader) -> str:
     except OSError:
         return ""
     for line in text.splitlines():
-        hierarchy, _, path = line.partition(":")[2].partition(":")
+        hierarchy, _colon, path = line.partition(":")[2].partition(":")
         if hierarchy in ("", "name=systemd") and path.endswith("/init.scope"):
             return path[: -len("/init.scope")]
     return ""

@@ -19,7 +19,9 @@ description:
     (the default) a deadline reached with requests still running is reported, not failed, since the teardown that follows
     is bounded anyway.
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -27,6 +29,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   engine:

@@ -20,7 +20,9 @@ description:
   - With O(min_spec_acceptance), sends O(probe_requests) completions once ready and compares the speculative-decoding
     acceptance measured from the engine's own metrics with the floor (a drafter that is rarely accepted slows serving).
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -28,6 +30,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   engine:
@@ -177,7 +180,7 @@ def main() -> None:
         result["unit_state"] = states.get("unit")
     if outcome.value.ready and params["min_spec_acceptance"] is not None:
         before = http.spec_counters(engine, client)
-        for _ in range(max(1, params["probe_requests"])):
+        for _request in range(max(1, params["probe_requests"])):
             client.request("POST", "/v1/completions", {"model": params["model"], "prompt": "Count to ten:", "max_tokens": 16})
         acceptance = http.spec_acceptance(engine, before, http.spec_counters(engine, client))
         result["spec_acceptance"] = acceptance

@@ -24,7 +24,9 @@ description:
     and O(protected).
   - Fails when any target survives O(kill_timeout) after SIGKILL, for example a process in uninterruptible sleep (D state).
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -32,6 +34,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   gpus:
@@ -148,20 +151,52 @@ holders:
   type: list
   elements: dict
   contains:
-    pid: {description: Process id., type: int, sample: 48211}
-    start_time: {description: Start time in clock ticks after boot; with the pid, the identity signals are bound to., type: int}
-    comm: {description: Kernel command name (at most 15 characters)., type: str, sample: python3}
-    exe: {description: Executable path, or null when unreadable., type: str}
-    cmdline: {description: Arguments, or null when not read (D state)., type: list, elements: str}
-    uid: {description: Real user id., type: int}
-    state: {description: Process state letter from /proc (R, S, D, T, Z)., type: str}
-    unit: {description: The systemd service or scope the process runs in, when any., type: str, sample: vllm.service}
+    pid:
+      description: Process id.
+      type: int
+      sample: 48211
+    start_time:
+      description: Start time in clock ticks after boot; with the pid, the identity signals are bound to.
+      type: int
+    comm:
+      description: Kernel command name (at most 15 characters).
+      type: str
+      sample: python3
+    exe:
+      description: Executable path, or null when unreadable.
+      type: str
+    cmdline:
+      description: Arguments, or null when not read (D state).
+      type: list
+      elements: str
+    uid:
+      description: Real user id.
+      type: int
+    state:
+      description: Process state letter from /proc (R, S, D, T, Z).
+      type: str
+    unit:
+      description: The systemd service or scope the process runs in, when any.
+      type: str
+      sample: vllm.service
     namespace_pid:
       description: The PID inside the process's own PID namespace (a container's view), or null when it runs in ours.
       type: int
-    via: {description: How the holding was found (fd, mmap, nvml)., type: list, elements: str, sample: [fd, nvml]}
-    devices: {description: Device files held., type: list, elements: str, sample: [/dev/nvidia0, /dev/nvidiactl]}
-    gpus: {description: NVML indexes of the GPUs held., type: list, elements: int, sample: [0]}
+    via:
+      description: How the holding was found (fd, mmap, nvml).
+      type: list
+      elements: str
+      sample: [fd, nvml]
+    devices:
+      description: Device files held.
+      type: list
+      elements: str
+      sample: [/dev/nvidia0, /dev/nvidiactl]
+    gpus:
+      description: NVML indexes of the GPUs held.
+      type: list
+      elements: int
+      sample: [0]
   sample: []
 targets:
   description: The holders chosen to be signalled (in check mode, those that would be).
@@ -242,6 +277,8 @@ try:
 except ImportError:
     pynvml = None
     PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str"),

@@ -24,7 +24,9 @@ description:
   - Read-only. NVML runs in a worker process with a per-call timeout, so a hung driver cannot hang the task. No CUDA
     context is created.
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -32,6 +34,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   gpus:
@@ -108,20 +111,58 @@ gpus:
   type: list
   elements: dict
   contains:
-    index: {description: NVML index., type: int, sample: 0}
-    uuid: {description: GPU UUID., type: str, sample: GPU-4f1e7c2a-83d9-4b1e-9f0e-5c2d7a8b9e10}
-    name: {description: Product name., type: str, sample: NVIDIA H200}
-    bus_id: {description: PCI bus id., type: str, sample: "00000000:18:00.0"}
-    minor: {description: Device minor number (the N of /dev/nvidiaN); not the index., type: int, sample: 3}
-    status: {description: V(ok), V(lost), V(reset_required) or V(error)., type: str}
-    total_mib: {description: Total memory in MiB., type: int, sample: 143771}
-    used_mib: {description: Used memory as NVML reports it., type: int, sample: 0}
-    reserved_mib: {description: Driver-reserved memory (v2 only; null with v1)., type: int, sample: 615}
-    memory_api: {description: V(v2), or V(v1) when the v2 query is missing., type: str}
-    compared_used_mib: {description: The used figure compared with O(max_used_mib)., type: int}
-    processes: {description: Processes NVML lists (pid, used_mib, type)., type: list, elements: dict}
-    clean: {description: Whether the GPU passed., type: bool}
-    problems: {description: Why the GPU did not pass., type: list, elements: str}
+    index:
+      description: NVML index.
+      type: int
+      sample: 0
+    uuid:
+      description: GPU UUID.
+      type: str
+      sample: GPU-4f1e7c2a-83d9-4b1e-9f0e-5c2d7a8b9e10
+    name:
+      description: Product name.
+      type: str
+      sample: NVIDIA H200
+    bus_id:
+      description: PCI bus id.
+      type: str
+      sample: "00000000:18:00.0"
+    minor:
+      description: Device minor number (the N of /dev/nvidiaN); not the index.
+      type: int
+      sample: 3
+    status:
+      description: V(ok), V(lost), V(reset_required) or V(error).
+      type: str
+    total_mib:
+      description: Total memory in MiB.
+      type: int
+      sample: 143771
+    used_mib:
+      description: Used memory as NVML reports it.
+      type: int
+      sample: 0
+    reserved_mib:
+      description: Driver-reserved memory (v2 only; null with v1).
+      type: int
+      sample: 615
+    memory_api:
+      description: V(v2), or V(v1) when the v2 query is missing.
+      type: str
+    compared_used_mib:
+      description: The used figure compared with O(max_used_mib).
+      type: int
+    processes:
+      description: Processes NVML lists (pid, used_mib, type).
+      type: list
+      elements: dict
+    clean:
+      description: Whether the GPU passed.
+      type: bool
+    problems:
+      description: Why the GPU did not pass.
+      type: list
+      elements: str
 dirty:
   description: Indexes of the selected GPUs that did not pass.
   returned: always
@@ -166,6 +207,8 @@ try:
 except ImportError:
     pynvml = None
     PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str"),

@@ -19,7 +19,9 @@ description:
   - The owner renews its lease by acquiring again (unchanged), and gives it back with O(state=released).
   - Expiry is measured on the boot-time clock, which wall-clock steps do not move.
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -27,6 +29,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   name:

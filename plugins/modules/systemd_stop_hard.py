@@ -25,7 +25,9 @@ description:
     (SSH, D-Bus, systemd's own units, NVIDIA persistence, fabric manager, DCGM, container runtimes) unless
     O(allow_protected=true).
 author:
-  - gpufleet.serving contributors
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -35,6 +37,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 options:
   name:

@@ -44,7 +44,7 @@ def node(command: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def ansible(playbook: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PLAYBOOK, "-i", INVENTORY, "-l", NODE, playbook, *extra], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run([PLAYBOOK, "-i", INVENTORY, "-l", NODE, playbook, *extra], capture_output=True, text=True, cwd=REPO, check=False)
 
 
 def prepare(faults: dict) -> None:
@@ -109,7 +109,7 @@ def main() -> None:
     for behaviour, faults in BEHAVIOURS.items():
         samples = {"role": [], "modules": [], "recipe": []}
         left = {}
-        for _ in range(REPS):
+        for _rep in range(REPS):
             for tool, action in (("role", run_role), ("modules", run_modules), ("recipe", run_recipe)):
                 prepare(faults)
                 samples[tool].append(action())

@@ -19,7 +19,7 @@ DOCS = REPO / "docs"
 
 
 def run_json(script: str, *args: str) -> object:
-    run = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, cwd=REPO)
+    run = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, cwd=REPO, check=False)
     if run.returncode:
         raise SystemExit(f"{script} failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     return json.loads(run.stdout)
@@ -28,7 +28,7 @@ def run_json(script: str, *args: str) -> object:
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
     memory = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) // 1024 // 1024
-    fuser = subprocess.run(["fuser", "-V"], capture_output=True, text=True)
+    fuser = subprocess.run(["fuser", "-V"], capture_output=True, text=True, check=False)
     return (f"{os.cpu_count()} CPU cores ({cpu}), {memory} GiB, kernel {platform.release()}, Python {platform.python_version()}, "
             f"{(fuser.stdout + fuser.stderr).splitlines()[0]}, {time.strftime('%Y-%m-%d')}")
 

@@ -83,7 +83,7 @@ class Lab:
         started = time.monotonic()
         playbook_command = os.environ.get("ANSIBLE_PLAYBOOK") or shutil.which("ansible-playbook") or str(Path(sys.executable).parent / "ansible-playbook")
         run = subprocess.run([playbook_command, "-i", "localhost,", str(playbook)],
-                             capture_output=True, text=True, env=self.env)
+                             capture_output=True, text=True, env=self.env, check=False)
         wall = time.monotonic() - started
         if run.returncode != 0:
             raise SystemExit(f"ansible-playbook failed:\n{run.stdout[-3000:]}\n{run.stderr[-2000:]}")
@@ -124,7 +124,7 @@ def alive(pid: int) -> bool:
 
 def machine() -> dict:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+                         capture_output=True, text=True, check=False).stdout.strip().splitlines()
     import torch
 
     return {"host": platform.node(), "kernel": platform.release(), "python": platform.python_version(), "torch": torch.__version__,
@@ -135,7 +135,7 @@ def physical_floor(lab: Lab, gpu: int, gib: int, baseline: int) -> dict:
     """SIGKILL to memory freed, and SIGTERM to memory freed, for a plain holder: what no tool can beat."""
     floors = {}
     for name, sig in (("sigkill_to_free_s", signal.SIGKILL), ("sigterm_to_free_s", signal.SIGTERM)):
-        proc, _ = lab.holder("plain", gpu, gib)
+        proc, _pids = lab.holder("plain", gpu, gib)
         started = time.monotonic()
         proc.send_signal(sig)
         freed = wait_free(gpu, baseline)
@@ -164,10 +164,10 @@ def main_gpu_case(lab: Lab, gpu: int, gib: int, pinned_gib: int) -> dict:
     report["nvml_listed_pids"] = nvml_listed
     report["nvml_lists_dead_parent"] = parent in nvml_listed
 
-    before, _ = lab.module("gpu_memory_assert", {"timeout": 0})
+    before, _seconds = lab.module("gpu_memory_assert", {"timeout": 0})
     report["assert_before"] = {"failed": before.get("failed"), "dirty": before.get("dirty"),
                                "classification": (before.get("details") or {}).get(str(gpu), {}).get("classification")}
-    plan, _ = lab.module("gpu_holders_kill", {}, check_mode=True)  # a node teardown frees every GPU
+    plan, _seconds = lab.module("gpu_holders_kill", {}, check_mode=True)  # a node teardown frees every GPU
     report["plan"] = {"targets": sorted(t["pid"] for t in plan["targets"]), "protected": [(p["pid"], p["reason"]) for p in plan["protected"]],
                       "stale_nvml_pids": plan["stale_nvml_pids"], "signals": plan["signals"]}
     first_signal = time.monotonic()
@@ -186,8 +186,8 @@ def main_gpu_case(lab: Lab, gpu: int, gib: int, pinned_gib: int) -> dict:
         "decoy_alive": decoy.poll() is None,
         "ansible_never_a_target": not any("ansible" in " ".join(t.get("cmdline") or []).lower() for t in plan["targets"] + killed["holders"]
                                           if t["pid"] in {s["pid"] for s in killed["signals"]}),
-        "stale_parent_reported_not_signalled": parent in [s["pid"] for s in killed["stale_nvml_pids"]]
-                                              and parent not in [s["pid"] for s in killed["signals"]],
+        "stale_parent_reported_not_signalled": (parent in [s["pid"] for s in killed["stale_nvml_pids"]]
+                                                and parent not in [s["pid"] for s in killed["signals"]]),
         "assert_failed_while_held": bool(before.get("failed")),
         "assert_passed_when_free": bool(after.get("passed")),
         "planned_equals_real_holders": set(report["plan"]["targets"]) == real_holders,
@@ -208,7 +208,7 @@ def selection_case(lab: Lab, gib: int) -> dict:
     results = {"orphan_of_gpu0": orphan}
     for label, selector in (("by_index", str(last)), ("by_uuid", uuid)):
         victim = lab.holder("plain", last, gib)[1][0]
-        result, _ = lab.module("gpu_holders_kill", {"gpus": [selector], "term_timeout": 5})
+        result, _seconds = lab.module("gpu_holders_kill", {"gpus": [selector], "term_timeout": 5})
         results[label] = {"selector": selector, "holders": [(h["pid"], h["gpus"]) for h in result["holders"]],
                           "victim_gone": not alive(victim), "gpu0_holder_alive": alive(keeper),
                           "gpu0_orphan_alive_and_ambiguous": alive(orphan) and orphan in [a["pid"] for a in result["ambiguous"]],

@@ -54,7 +54,7 @@ if __name__ == "__main__":
     procs = [ctx.Process(target=worker, args=(r, world, gib, port, ready)) for r in range(world)]
     for p in procs:
         p.start()
-    pids = [ready.get(timeout=180) for _ in range(world)]
+    pids = [ready.get(timeout=180) for _rank in range(world)]
     print("R", *pids, flush=True)
     while True:
         time.sleep(3600)
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
                     "minors": [pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]}
     try:
         baseline = [used_mib(i) for i in range(count)]
-        floor_holder, _ = lab.holder("plain", count - 1, args.gib)
+        floor_holder, _pids = lab.holder("plain", count - 1, args.gib)
         started = time.monotonic()
         floor_holder.kill()
         report["floor_sigkill_to_free_s"] = round(wait_free(count - 1, baseline[-1]), 3)
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         lab.extra += workers
         report["workers"] = workers
         report["used_mib_with_job"] = [used_mib(i) for i in range(count)]
-        before, _ = lab.module("gpu_memory_assert", {"expected_count": count, "timeout": 0})
+        before, _seconds = lab.module("gpu_memory_assert", {"expected_count": count, "timeout": 0})
         report["assert_before"] = {"dirty": before.get("dirty"), "gpus_reported": [g["index"] for g in before.get("gpus", [])]}
         first_signal = time.monotonic()
         killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60})
@@ -105,8 +105,8 @@ def main(argv: list[str]) -> int:
         report["assert_after"] = {"passed": after.get("passed"), "used_mib": [g["used_mib"] for g in after.get("gpus", [])],
                                   "gpus_reported": [g["index"] for g in after.get("gpus", [])], "playbook_wall_s": round(assert_wall, 3)}
         report["checks"] = {
-            "every_gpu_checked": report["assert_before"]["gpus_reported"] == list(range(count))
-                                 and report["assert_after"]["gpus_reported"] == list(range(count)),
+            "every_gpu_checked": (report["assert_before"]["gpus_reported"] == list(range(count))
+                                  and report["assert_after"]["gpus_reported"] == list(range(count))),
             "parent_gone": not alive(job.pid), "workers_gone": not any(alive(pid) for pid in workers),
             "escaped_worker_gone": not alive(workers[-1]) if workers else False,
             "memory_free_on_all": bool(after.get("passed")),
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
                                       stdout=subprocess.PIPE, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(last)))
         lab.started.append(env_holder)
         env_holder.stdout.readline()
-        plan, _ = lab.module("gpu_holders_kill", {"gpus": [str(last)]}, check_mode=True)
+        plan, _seconds = lab.module("gpu_holders_kill", {"gpus": [str(last)]}, check_mode=True)
         found = [t for t in plan["targets"] if t["pid"] == env_holder.pid]
         report["last_gpu_alone"] = {"gpu": last, "found": bool(found), "reported_gpus": found[0]["gpus"] if found else None,
                                     "devices": found[0]["devices"] if found else None}

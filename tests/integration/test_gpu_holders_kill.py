@@ -50,7 +50,7 @@ def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
 
 def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env):
     """G2, G28: check mode plans and signals nothing; the real run terminates; the second run changes nothing."""
-    _, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
 
     plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
     assert plan["changed"] is True
@@ -74,7 +74,7 @@ def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, 
 
 def test_mmap_only_holder_is_found(devices, processes, nvml_env):
     """G21: the fd is closed, only a mapping of the device remains (fuser's `m`)."""
-    _, (pid,) = processes.holder("--mmap", devices.gpu(1))
+    _helper, (pid,) = processes.holder("--mmap", devices.gpu(1))
     fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
     assert devices.gpu(1) not in fds
 
@@ -85,7 +85,7 @@ def test_mmap_only_holder_is_found(devices, processes, nvml_env):
 
 def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_env):
     """G15."""
-    _, (pid,) = processes.holder("--open", devices.gpu(2), "--ignore-term")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--ignore-term")
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
     assert result["changed"] is True
     assert pids_of(result["killed"]) == {pid} and result["terminated"] == []
@@ -104,7 +104,7 @@ def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nv
 
 def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env):
     """G13: the target exits on its own during the grace period; no SIGKILL."""
-    _, (pid,) = processes.holder("--open", devices.gpu(0), "--drain", "0.5")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--drain", "0.5")
     result = run_module(MODULE, kill_args(devices, term_timeout=10), env=nvml_env)
     assert pids_of(result["terminated"]) == {pid}
     assert "SIGKILL" not in [s["signal"] for s in result["signals"]]
@@ -112,7 +112,7 @@ def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env)
 
 def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, processes, nvml_env):
     """G17: the leader is a zombie but its worker thread still holds the device."""
-    _, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
     wait_for_zombie_leader(pid)
     assert len(os.listdir(f"/proc/{pid}/task")) == 2
 
@@ -125,7 +125,7 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
 def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
     """G7 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
     decoys = [processes.decoy("sglang", "--model", "x"), processes.decoy("python3", "vllm", "serve")]
-    _, (pid,) = processes.holder("sglang.launch_server", "--open", devices.gpu(0))
+    _helper, (pid,) = processes.holder("sglang.launch_server", "--open", devices.gpu(0))
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     assert pids_of(result["terminated"]) == {pid}
     assert all(decoy.poll() is None for decoy in decoys)
@@ -134,10 +134,10 @@ def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
 
 def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_env):
     """G5: comm is cut at 15 characters by the kernel; protected_pids adds single processes."""
-    _, (daemon,) = processes.holder("--open", devices.gpu(0), "--comm", "nvidia-persistenced")
-    _, (custom,) = processes.holder("--open", devices.gpu(1), "--comm", "my-profiler")
-    _, (listed,) = processes.holder("--open", devices.gpu(2))
-    _, (victim,) = processes.holder("--open", devices.gpu(3))
+    _helper, (daemon,) = processes.holder("--open", devices.gpu(0), "--comm", "nvidia-persistenced")
+    _helper, (custom,) = processes.holder("--open", devices.gpu(1), "--comm", "my-profiler")
+    _helper, (listed,) = processes.holder("--open", devices.gpu(2))
+    _helper, (victim,) = processes.holder("--open", devices.gpu(3))
     result = run_module(MODULE, kill_args(devices, protected=["my-profiler"], protected_pids=[listed]), env=nvml_env)
     reasons = {entry["pid"]: entry["reason"] for entry in result["protected"]}
     assert reasons[daemon] == "protected name nvidia-persistenced"
@@ -188,7 +188,7 @@ def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(device
 def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, processes, sim, nvml_env):
     """G10 / F9: NVML lists a PID that now belongs to a process holding no GPU file."""
     decoy = processes.decoy("python3")
-    _, (holder,) = processes.holder("--open", devices.gpu(0))
+    _helper, (holder,) = processes.holder("--open", devices.gpu(0))
     sim.allocate(1, 4096, holders=[holder], reported_pid=decoy.pid)
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     stale = {s["pid"]: s["reason"] for s in result["stale_nvml_pids"]}
@@ -201,7 +201,7 @@ def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, proce
 def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, sim, nvml_env, garbage_pid):
     """G11 / F11: NVML lists an impossible PID (0 would signal our process group, 1 is init) with memory it cannot
     measure (2**64 - 1). It is reported as implausible with a warning; only the real holder is signalled."""
-    _, (holder,) = processes.holder("--open", devices.gpu(0))
+    _helper, (holder,) = processes.holder("--open", devices.gpu(0))
     sim.allocate(1, 2048, holders=[], reported_pid=garbage_pid, leak=True, unknown_used=True)
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     assert not result.failed, result["msg"]
@@ -213,8 +213,8 @@ def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, s
 
 def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, processes, sim, nvml_env):
     """sources=[nvml]: discovery from NVML's list, each PID confirmed in /proc before it can be a target."""
-    _, (pid,) = processes.holder("--open", devices.ctl, "--sim-root", str(sim.root), "--alloc", "3:1000")
-    _, (unlisted,) = processes.holder("--open", devices.gpu(0))
+    _helper, (pid,) = processes.holder("--open", devices.ctl, "--sim-root", str(sim.root), "--alloc", "3:1000")
+    _helper, (unlisted,) = processes.holder("--open", devices.gpu(0))
     result = run_module(MODULE, kill_args(devices, sources=["nvml"]), env=nvml_env)
     assert pids_of(result["terminated"]) == {pid}
     assert result["terminated"][0]["via"] == ["fd", "nvml"] and result["terminated"][0]["gpus"] == [3]
@@ -223,8 +223,8 @@ def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, pr
 
 def test_selection_maps_indexes_and_uuids_through_permuted_minors(devices, processes, sim, nvml_env):
     """G23: minors [2, 0, 3, 1] against indexes 0-3; /dev/nvidia3 is GPU index 2."""
-    _, (on_index2,) = processes.holder("--open", devices.gpu(3))
-    _, (on_index0,) = processes.holder("--open", devices.gpu(2))
+    _helper, (on_index2,) = processes.holder("--open", devices.gpu(3))
+    _helper, (on_index0,) = processes.holder("--open", devices.gpu(2))
     plan = run_module(MODULE, kill_args(devices, gpus=["2"]), check_mode=True, env=nvml_env)
     assert pids_of(plan["targets"]) == {on_index2}
     assert plan["targets"][0]["gpus"] == [2]
@@ -235,7 +235,7 @@ def test_selection_maps_indexes_and_uuids_through_permuted_minors(devices, proce
 
 def test_shared_nodes_alone_do_not_make_a_holder_of_a_selected_gpu(devices, processes, nvml_env):
     """G24: only nvidiactl + nvidia-uvm held; GPU 1 selected."""
-    _, (pid,) = processes.holder("--open", devices.ctl, devices.uvm)
+    _helper, (pid,) = processes.holder("--open", devices.ctl, devices.uvm)
     result = run_module(MODULE, kill_args(devices, gpus=["1"]), env=nvml_env)
     assert result["holders"] == [] and result["changed"] is False
     assert alive(pid)
@@ -258,7 +258,7 @@ def test_shared_nodes_alone_do_not_make_a_holder_of_a_selected_gpu(devices, proc
     ({"sources": ["ps"]}, "sources"),
 ])
 def test_bad_input_fails_clearly_and_signals_nothing(devices, processes, nvml_env, args, message):
-    _, (pid,) = processes.holder("--open", devices.gpu(0))
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0))
     result = run_module(MODULE, {**kill_args(devices), **args}, env=nvml_env)
     assert result.failed
     assert message in result["msg"]
@@ -267,7 +267,7 @@ def test_bad_input_fails_clearly_and_signals_nothing(devices, processes, nvml_en
 
 def test_thread_id_in_protected_pids_is_rejected(devices, processes, nvml_env):
     """G14/G34: a thread id has a readable /proc entry and kill(tid) would hit the whole process."""
-    _, (pid,) = processes.holder("--open", devices.gpu(0), "--zombie-leader")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--zombie-leader")
     wait_for_zombie_leader(pid)
     tid = next(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
     result = run_module(MODULE, kill_args(devices, protected_pids=[tid]), env=nvml_env)
@@ -300,7 +300,7 @@ def test_missing_nvml_library_and_unloaded_driver_fail_cleanly(devices, sim, nvm
 
 def test_hung_nvml_fails_within_nvml_timeout(devices, processes, sim, nvml_env):
     """M6 for the killer: a hung NVML call ends the task, nothing is signalled."""
-    _, (pid,) = processes.holder("--open", devices.gpu(0))
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0))
     sim.fault("nvmlDeviceGetCount_v2", "hang")
     started = time.monotonic()
     result = run_module(MODULE, kill_args(devices, nvml_timeout=1), env=nvml_env)
@@ -353,14 +353,14 @@ def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, pro
     env = {**os.environ, **nvml_env, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
     ansible_playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     run = subprocess.run(["sh", "-c", f'exec 3<"{devices.gpu(0)}"; exec "{ansible_playbook}" -i localhost, "{playbook}"'],
-                         capture_output=True, text=True, env=env, timeout=180, cwd=REPO)
+                         capture_output=True, text=True, env=env, timeout=180, cwd=REPO, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert decoy.poll() is None
 
 
 def test_helper_is_executable_python():
     """The helper is what the lab installs on nodes; it must stay importable."""
-    assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True).returncode == 0
+    assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True, check=False).returncode == 0
 
 
 def test_holder_inside_a_service_is_reported_with_its_unit_and_a_warning(devices, processes, nvml_env):
@@ -371,7 +371,7 @@ def test_holder_inside_a_service_is_reported_with_its_unit_and_a_warning(devices
     except OSError as exc:
         pytest.skip(f"cannot create a cgroup here: {exc}")
     try:
-        _, (pid,) = processes.holder("--open", devices.gpu(0))
+        _helper, (pid,) = processes.holder("--open", devices.gpu(0))
         with open(f"{group}/cgroup.procs", "w") as procs:
             procs.write(str(pid))
         result = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
@@ -390,7 +390,7 @@ def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, n
         os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 7))  # the device behind /dev/full
     except PermissionError:
         pytest.skip("mknod is not permitted here")
-    _, (pid,) = processes.holder("--open", "/dev/full")
+    _helper, (pid,) = processes.holder("--open", "/dev/full")
     result = run_module(MODULE, {"device_paths": [str(node)], "sources": ["proc"]}, check_mode=True, env=nvml_env)
     planned = [target for target in result["targets"] if target["pid"] == pid]
     assert planned and planned[0]["devices"] == [str(node)] and planned[0]["via"] == ["fd"]
@@ -418,7 +418,7 @@ def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(de
     """G19/G20 (F4): a frozen holder stays in D state with SIGKILL pending. The module fails after kill_timeout
     instead of hanging, names the survivor with its state and pending signals, never reads its cmdline, and a
     second run reports the same survivor without counting a kill."""
-    _, (pid,) = processes.holder("--open", devices.gpu(1))
+    _helper, (pid,) = processes.holder("--open", devices.gpu(1))
     frozen.freeze(pid)
     args = kill_args(devices, term_timeout=0.5, kill_timeout=1)
 
@@ -447,7 +447,7 @@ def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, 
     inherited file. SIGTERM does nothing, SIGKILL ends both, and nothing is reported as a survivor."""
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)
-    _, (pid,) = processes.holder("--open", devices.gpu(2), "--vfork-blocked", str(fifo))
+    _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--vfork-blocked", str(fifo))
     deadline = time.monotonic() + 10
     while ProcReader().stat(pid).state != "D" or not psutil.Process(pid).children():
         assert time.monotonic() < deadline, "the helper never reached vfork's D state"

@@ -35,7 +35,7 @@ def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes
     assert idle["passed"] is True
     assert {(g["memory_api"], g["used_mib"], g["compared_used_mib"]) for g in idle["gpus"]} == {("v1", 615, 0)}
 
-    _, (pid,) = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:2048")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:2048")
     busy = run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)
     assert busy.failed and busy["dirty"] == [1]
     assert busy["gpus"][1]["compared_used_mib"] == 2048 + 615 - 1024
@@ -43,7 +43,7 @@ def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes
 
 def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, nvml_env):
     """M3: polling, not a fixed sleep: passes on the first reading after the holder exits."""
-    proc, _ = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "2:30000")
+    proc, _pids = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "2:30000")
     threading.Timer(1.0, proc.kill).start()
     result = run_module(MODULE, assert_args(devices, timeout=20), env=nvml_env)
     assert result["passed"] is True
@@ -51,7 +51,7 @@ def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, n
 
 def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes, nvml_env):
     """M4 (holder present): per-GPU used MiB, /proc holders, NVML processes."""
-    _, (pid,) = processes.holder("--open", devices.gpu(3), "--sim-root", str(sim.root), "--alloc", "2:40000")
+    _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--sim-root", str(sim.root), "--alloc", "2:40000")
     result = run_module(MODULE, assert_args(devices, timeout=0.5), env=nvml_env)
     assert result.failed and result["passed"] is False and result["dirty"] == [2]
     message = result["msg"]
@@ -89,9 +89,9 @@ def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, proces
 
 def test_graphics_and_mps_processes_are_listed_by_type_and_their_memory_counts(devices, sim, processes, nvml_env):
     """M17: NVML's graphics and MPS lists are read besides compute; their memory makes the GPU dirty."""
-    _, (xorg,) = processes.holder("--open", devices.gpu(2), "--comm", "Xorg")  # minor 2 is NVML index 0
+    _helper, (xorg,) = processes.holder("--open", devices.gpu(2), "--comm", "Xorg")  # minor 2 is NVML index 0
     sim.allocate(0, 300, holders=[xorg], kind="graphics")
-    _, (mps,) = processes.holder("--open", devices.gpu(2), "--comm", "nvidia-cuda-mps-server")
+    _helper, (mps,) = processes.holder("--open", devices.gpu(2), "--comm", "nvidia-cuda-mps-server")
     sim.allocate(0, 2048, holders=[mps], kind="mps")
     result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
     assert result.failed and result["dirty"] == [0]

@@ -81,7 +81,7 @@ def _vllm_flexible(argv: list[str]) -> list[str]:
             name, eq, value = arg.partition("=")
             name = "--" + name[2:].replace("_", "-")
             if "." in name:
-                option, _, key = name.partition(".")
+                option, _dot, key = name.partition(".")
                 if not eq:
                     value = next(iterator, None)
                     if value is None:

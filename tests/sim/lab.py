@@ -112,7 +112,7 @@ def image_ref() -> str:
 
 def build_image() -> str:
     ref = image_ref()
-    if subprocess.run(["podman", "image", "exists", ref]).returncode == 0:
+    if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
     started = time.monotonic()
     sys.path.insert(0, str(HERE))
@@ -238,7 +238,7 @@ def wait_ready(names: list[str], key: Path, timeout: float = 120) -> None:
         while True:
             probe = subprocess.run(["podman", "exec", CONTAINER_PREFIX + name, "sh", "-c",
                                     "systemctl is-system-running; test -e /run/gpufleet-sim/ready"],
-                                   capture_output=True, text=True)
+                                   capture_output=True, text=True, check=False)
             state = probe.stdout.split("\n")[0].strip()
             if state in ("running", "degraded") and probe.returncode == 0:
                 break

@@ -18,7 +18,7 @@ def load(name: str):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_documented_options_match_the_argument_spec(name):
-    module, doc, _, _ = load(name)
+    module, doc, _examples, _returns = load(name)
     assert doc["module"] == name
     assert not doc["short_description"].endswith(".")
     assert set(doc["options"]) == set(module.ARGUMENT_SPEC)
@@ -35,7 +35,7 @@ def test_documented_options_match_the_argument_spec(name):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_examples_use_fqcn_and_returns_are_described(name):
-    _, _, examples, returns = load(name)
+    _module, _doc, examples, returns = load(name)
     for task in examples:
         assert f"gpufleet.serving.{name}" in task, task["name"]
     for key, value in returns.items():

@@ -103,8 +103,9 @@ def test_deadline_ignores_wall_clock_steps():
     assert deadline.expired() and deadline.remaining() == 0
 
 
-@pytest.mark.parametrize(("value", "message"), [(-1, "at least 0"), (float("nan"), "not a number"), (True, "not a number"),
-                                                 (10**6, "more than a day")])
+@pytest.mark.parametrize(("value", "message"), [
+    (-1, "at least 0"), (float("nan"), "not a number"), (True, "not a number"), (10**6, "more than a day"),
+])
 def test_non_negative_seconds(value, message):
     with pytest.raises(InvalidInput) as error:
         non_negative("timeout", value)
