@@ -15,6 +15,7 @@ re-reading the group and killing by pidfd until it stays empty.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -203,11 +204,29 @@ class Cgroup:
             if "cgroup.procs" not in files:
                 continue
             try:
-                with open(os.path.join(directory, "cgroup.procs"), encoding="ascii") as procs:
-                    found += [int(line) for line in procs.read().split()]
+                found += self._read_ids(directory, "cgroup.procs")
             except FileNotFoundError:
                 continue  # the group went away while we walked it
+            except OSError as exc:
+                if exc.errno != errno.EOPNOTSUPP:
+                    raise
+                # a threaded group lists threads only; its processes are those threads' thread groups
+                found += self._thread_groups(self._read_ids(directory, "cgroup.threads"))
         return sorted(set(found))
+
+    @staticmethod
+    def _read_ids(directory: str, name: str) -> list[int]:
+        with open(os.path.join(directory, name), encoding="ascii") as ids:
+            return [int(line) for line in ids.read().split()]
+
+    def _thread_groups(self, tids: list[int]) -> list[int]:
+        groups = []
+        for tid in tids:
+            try:
+                groups.append(int(self.reader.status(tid)["Tgid"]))
+            except (ProcessGone, PermissionError, KeyError, ValueError):
+                continue
+        return groups
 
     def members(self) -> list[dict]:
         described = []

@@ -108,3 +108,36 @@ def test_forking_process_is_caught_by_the_kill(group, tmp_path):
         if forker.poll() is None:
             forker.kill()
         forker.wait()
+
+
+def test_threaded_group_falls_back_to_the_loop_and_its_processes_are_found(tmp_path):
+    """S29: in a threaded cgroup (a Delegate=yes unit may create one) cgroup.procs and cgroup.kill answer EOPNOTSUPP.
+    The group's processes are found through its threads, the walk from the unit's group does not crash, and the kill
+    falls back to the signal loop."""
+    domain = make_group(HIERARCHIES["v2"])
+    threaded = os.path.join(domain, "workers")
+    os.mkdir(threaded)
+    worker = None
+    try:
+        try:
+            Path(threaded, "cgroup.type").write_text("threaded")
+        except OSError as exc:
+            pytest.skip(f"no threaded cgroups here: {exc}")
+        worker = subprocess.Popen(["sleep", "1000"])
+        Path(domain, "cgroup.procs").write_text(str(worker.pid))
+        Path(threaded, "cgroup.threads").write_text(str(worker.pid))
+        with pytest.raises(OSError, match="not supported"):
+            Path(threaded, "cgroup.procs").read_text()
+
+        assert Cgroup(domain, ProcReader()).pids() == [worker.pid]
+        group = Cgroup(threaded, ProcReader())
+        assert group.pids() == [worker.pid]
+        assert group.kill_all(Signaller(), Deadline(10)) == "signal loop"
+        worker.wait(timeout=10)
+        assert not alive(worker.pid)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        remove_cgroup(threaded)
+        remove_cgroup(domain)
