@@ -27,6 +27,7 @@ def unit_summary(result: dict) -> dict:
             "before": before, "after": after, "escalated": bool(result.get("escalated")),
             "terminated": [process_summary(p) for p in result.get("terminated") or []],
             "killed": [process_summary(p) for p in result.get("killed") or []],
+            "triggers_stopped": list(result.get("triggers_stopped") or []), "warnings": list(result.get("warnings") or []),
             "failed": bool(result.get("failed")), "msg": result.get("msg") if result.get("failed") else None}
 
 
@@ -68,9 +69,13 @@ def teardown_table(reports: dict) -> str:
         if report.get("result") == "failed":
             details.append(f"{host}: FAILED at '{report.get('failed_step')}': {report.get('reason')}")
         for unit in units:
+            if unit.get("triggers_stopped"):
+                details.append(f"{host}: {unit['unit']}: triggers stopped first: {', '.join(unit['triggers_stopped'])}")
             for kind in ("terminated", "killed"):
                 for process in unit.get(kind, []):
                     details.append(f"{host}: {unit['unit']}: {kind} {process['pid']} {_shorten(process['cmdline'])}")
+            for warning in unit.get("warnings", []):
+                details.append(f"{host}: {unit['unit']}: warning: {warning}")
         verb = "would signal" if report.get("check_mode") else None
         for kind in ("terminated", "killed"):
             for process in report.get(kind, []):

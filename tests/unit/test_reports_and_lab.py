@@ -20,7 +20,9 @@ def test_teardown_table_lists_hosts_processes_and_failures():
     reports = {
         "node1": {"result": "ok", "check_mode": False,
                   "units": [_reports.unit_summary({"unit": "vllm.service", "changed": True, "state_before": {"ActiveState": "active"},
-                                                   "state_after": {"ActiveState": "inactive"}, "killed": [PROCESS]})],
+                                                   "state_after": {"ActiveState": "inactive"}, "killed": [PROCESS],
+                                                   "triggers_stopped": ["vllm.socket"],
+                                                   "warnings": ["KillMode=process: systemd leaves the unit's other processes running"]})],
                   "terminated": [_reports.process_summary(PROCESS)], "killed": [], "planned": [],
                   "protected": [_reports.process_summary(dict(PROCESS, pid=7, comm="nvidia-persiste", reason="protected name x"))],
                   "memory_before": [{"index": 0, "used_mib": 900}], "memory_after": [{"index": 0, "used_mib": 0}]},
@@ -35,6 +37,8 @@ def test_teardown_table_lists_hosts_processes_and_failures():
     assert lines[3].startswith("node2  failed") and lines[4].startswith("node3  unreached")
     assert "node2: FAILED at 'Assert memory | Every selected GPU is free': GPU 3 leaked" in table
     assert "node1: vllm.service: killed 42 python3 -m sglang.launch_server --model-path /m" in table
+    assert "node1: vllm.service: triggers stopped first: vllm.socket" in table
+    assert "node1: vllm.service: warning: KillMode=process: systemd leaves" in table
     assert "node1: protected 7 nvidia-persiste (protected name x)" in table
 
 
