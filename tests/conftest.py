@@ -228,6 +228,8 @@ def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None
 
 
 @pytest.fixture
-def nvml_env(sim, sim_library) -> dict:
-    """Environment that makes nvidia-ml-py load the simulated library with `sim`'s state."""
-    return {"LD_LIBRARY_PATH": str(sim_library.parent), **sim.env}
+def nvml_env(sim, sim_library, devices) -> dict:
+    """Environment that makes nvidia-ml-py load the simulated library with `sim`'s state; once initialised, the
+    library holds the stand-in device files open, as the real one holds the driver's (the module's own NVML
+    worker is then a holder it must never count or signal)."""
+    return {"LD_LIBRARY_PATH": str(sim_library.parent), "GPUFLEET_SIM_NVML_DEV": str(devices.root), **sim.env}

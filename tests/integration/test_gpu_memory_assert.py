@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -72,6 +75,26 @@ def test_leaked_memory_without_holder_is_classified_no_holder_found(devices, sim
     assert result.failed and result["dirty"] == [1]
     assert result["details"]["1"]["classification"] == "no_holder_found"
     assert "a GPU reset may be needed" in result["msg"]
+
+
+def test_the_modules_own_nvml_worker_holds_every_device_yet_is_never_a_holder(devices, sim, nvml_env):
+    """G3: an initialised NVML holds nvidiactl, nvidia-uvm and each GPU's node (the simulated library as the real
+    one does). The module's own NVML worker must never show up as a holder of a dirty GPU."""
+    probe = subprocess.Popen([sys.executable, "-c", "import pynvml, time; pynvml.nvmlInit(); print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, **nvml_env})
+    try:
+        assert probe.stdout.readline().strip() == "up"
+        held = {os.readlink(f"/proc/{probe.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{probe.pid}/fd")}
+        assert {devices.ctl, devices.uvm, *(devices.gpu(minor) for minor in range(4))} <= held
+    finally:
+        probe.kill()
+        probe.wait()
+
+    sim.gpus[1].leaked_mib = 8000
+    sim.write()
+    result = run_module(MODULE, assert_args(devices, timeout=0.3), env=nvml_env)
+    assert result.failed and result["dirty"] == [1]
+    assert result["details"]["1"]["proc_holders"] == [] and result["details"]["1"]["classification"] == "no_holder_found"
 
 
 def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, processes, nvml_env):

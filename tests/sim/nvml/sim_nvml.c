@@ -6,6 +6,10 @@
  * file on every call, so a test (or an engine double) can change it while a
  * module is polling. See tests/sim/nvml_sim.py for the writer side.
  *
+ * Like the real library, an initialised NVML holds the driver's device files open (nvidiactl, nvidia-uvm and
+ * nvidia<minor> of every GPU) until nvmlShutdown: $GPUFLEET_SIM_NVML_DEV names their directory (default /dev);
+ * files that do not exist there are skipped.
+ *
  * State root: $GPUFLEET_SIM_NVML_ROOT (default /run/gpufleet-sim/nvml)
  *   state        global and per-GPU lines (format in nvml_sim.py)
  *   alloc/       one file per allocation: memory that stays used while any
@@ -14,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +95,8 @@ static sim_fault faults[MAX_FAULTS];
 static unsigned int fault_count;
 static char driver_version[80] = "580.159.04";
 static int initialized;
+static int device_fds[MAX_GPUS + 2];
+static unsigned int device_fd_count;
 
 static const char *state_root(void)
 {
@@ -362,11 +369,37 @@ static int read_allocations(unsigned int gpu_index, const char *kind, sim_proces
     return (int)count;
 }
 
+static void open_device_files(void)
+{
+    const char *dir = getenv("GPUFLEET_SIM_NVML_DEV");
+    char path[4096];
+    if (!dir || !*dir)
+        dir = "/dev";
+    device_fd_count = 0;
+    for (unsigned int i = 0; i < gpu_count + 2; i++) {
+        if (i < gpu_count)
+            snprintf(path, sizeof(path), "%s/nvidia%u", dir, gpus[i].minor);
+        else
+            snprintf(path, sizeof(path), "%s/%s", dir, i == gpu_count ? "nvidiactl" : "nvidia-uvm");
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0)
+            device_fds[device_fd_count++] = fd;
+    }
+}
+
+static void close_device_files(void)
+{
+    while (device_fd_count)
+        close(device_fds[--device_fd_count]);
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
     FAULT_POINT("nvmlInitWithFlags");
     load_state();
+    if (!initialized)
+        open_device_files();
     initialized = 1;
     return NVML_SUCCESS;
 }
@@ -378,6 +411,7 @@ nvmlReturn_t nvmlShutdown(void)
 {
     if (!initialized)
         return NVML_ERROR_UNINITIALIZED;
+    close_device_files();
     initialized = 0;
     return NVML_SUCCESS;
 }
