@@ -361,3 +361,19 @@ def test_an_active_protected_trigger_is_refused_an_inactive_one_is_no_concern(tr
         systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), active)
     inactive = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "inactive"})}
     assert systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), inactive).triggers == []
+
+
+def test_systemctl_is_read_in_the_c_locale_whatever_the_callers_language(tmp_path):
+    """S35: a systemctl that answers in German unless LC_ALL=C; the module must read the C answer."""
+    fake = tmp_path / "systemctl"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$LC_ALL" = C ]; then state=inactive; load=not-found; else state=inaktiv; load=nicht-gefunden; fi\n'
+        'printf "Id=vllm.service\\nLoadState=%s\\nActiveState=%s\\nSubState=dead\\n" "$load" "$state"\n'
+    )
+    fake.chmod(0o755)
+    result = run_module("systemd_stop_hard", {"name": "vllm"}, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "LANG": "de_DE.UTF-8",
+                                                                  "LC_ALL": "de_DE.UTF-8", "LC_MESSAGES": "de_DE.UTF-8"})
+    assert not result.failed, result["msg"]
+    assert result["found"] is False and result["changed"] is False
+    assert result["state_after"]["ActiveState"] == "inactive"
