@@ -372,8 +372,8 @@ def test_systemctl_is_read_in_the_c_locale_whatever_the_callers_language(tmp_pat
         'printf "Id=vllm.service\\nLoadState=%s\\nActiveState=%s\\nSubState=dead\\n" "$load" "$state"\n'
     )
     fake.chmod(0o755)
-    result = run_module("systemd_stop_hard", {"name": "vllm"}, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "LANG": "de_DE.UTF-8",
-                                                                  "LC_ALL": "de_DE.UTF-8", "LC_MESSAGES": "de_DE.UTF-8"})
+    german = {"LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8", "LC_MESSAGES": "de_DE.UTF-8"}
+    result = run_module("systemd_stop_hard", {"name": "vllm"}, env={"PATH": f"{tmp_path}:/usr/bin:/bin", **german})
     assert not result.failed, result["msg"]
     assert result["found"] is False and result["changed"] is False
     assert result["state_after"]["ActiveState"] == "inactive"
