@@ -357,20 +357,25 @@ def plan_stop(request: StopRequest, state: UnitState, cgroup: Cgroup, protected_
     needs_stop = not state.inactive or state.job_pending or bool(members)
     needs_disable = request.disable and state.properties.get("UnitFileState") == "enabled"
     warnings = state.warnings() if needs_stop else []
-    triggers = []
-    if request.stop_triggers:
-        for trigger, trigger_state in (trigger_states or {}).items():
-            if trigger_state.inactive and not trigger_state.job_pending:
-                continue
-            reason = refusal(trigger, request.allow_protected)
-            if reason:
-                raise Refused(f"{request.unit} is triggered by {trigger}, which cannot be stopped: {reason}", unit=request.unit)
-            triggers.append(trigger)
-    elif state.triggered_by and needs_stop:
+    triggers = _triggers_to_stop(request, trigger_states or {}) if request.stop_triggers else []
+    if state.triggered_by and needs_stop and not request.stop_triggers:
         warnings.append(f"{request.unit} can still be started by {', '.join(state.triggered_by)}; "
                         "set stop_triggers to stop them first")
     return StopPlan(request.unit, True, state, members, stop=needs_stop, disable=needs_disable, warnings=warnings,
                     triggers=triggers)
+
+
+def _triggers_to_stop(request: StopRequest, trigger_states: dict[str, UnitState]) -> list[str]:
+    """The active triggers; one that is protected refuses the whole run."""
+    triggers = []
+    for trigger, trigger_state in trigger_states.items():
+        if trigger_state.inactive and not trigger_state.job_pending:
+            continue
+        reason = refusal(trigger, request.allow_protected)
+        if reason:
+            raise Refused(f"{request.unit} is triggered by {trigger}, which cannot be stopped: {reason}", unit=request.unit)
+        triggers.append(trigger)
+    return triggers
 
 
 @dataclass
