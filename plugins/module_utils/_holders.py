@@ -27,6 +27,8 @@ NVIDIA_MAJOR = 195  # fixed by the driver; per-GPU nodes are minors 0..253 (254 
 FIRST_SHARED_MINOR = 254
 GPU_NODE_NAME = re.compile(r"^nvidia(\d+)$")
 INIT_PID_NAMESPACE = "pid:[4026531836]"  # PROC_PID_INIT_INO
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
+IMPLAUSIBLE_PID = "implausible PID"  # the stale reason of an NVML PID no process can have
 
 # Never signalled whatever the options: NVIDIA and infrastructure daemons that hold GPUs legitimately.
 BUILTIN_PROTECTED_NAMES = (
@@ -269,9 +271,6 @@ class NvmlProcess:
     kind: str
 
 
-IMPLAUSIBLE_PID = "implausible PID"
-
-
 @dataclass
 class KillPlan:
     holders: list[dict] = field(default_factory=list)
@@ -299,9 +298,6 @@ def cross_check_nvml(listed: list[NvmlProcess], scanner: HolderScanner, scan: Sc
         holding.via.add("nvml")
         holding.gpus.add(process.gpu)
     return stale
-
-
-PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 
 
 def _stale_reason(pid: int, reader: ProcReader) -> str:
