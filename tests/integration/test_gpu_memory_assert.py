@@ -134,6 +134,16 @@ def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
     assert "nvml_timeout=1s" in result["msg"]
 
 
+def test_a_slow_first_nvml_call_is_waited_for_up_to_nvml_timeout(devices, sim, nvml_env):
+    """M18: without persistence mode the driver initialises on the first NVML call, which can take seconds. Within
+    nvml_timeout that is waited for; beyond it the task fails as hung instead of waiting on."""
+    sim.fault("nvmlInitWithFlags", "slow:1500")
+    patient = run_module(MODULE, assert_args(devices, nvml_timeout=10), env=nvml_env)
+    assert not patient.failed and patient["passed"] is True
+    hasty = run_module(MODULE, assert_args(devices, nvml_timeout=0.5), env=nvml_env)
+    assert hasty.failed and hasty["classification"] == "nvml_hung"
+
+
 @pytest.mark.parametrize("function", ["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3"])
 def test_a_query_nvml_refuses_is_never_a_pass(devices, sim, nvml_env, function):
     """M12 (the part that needs no MIG hardware): a parent handle that refuses a memory or process query

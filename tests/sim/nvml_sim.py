@@ -111,7 +111,7 @@ class SimNvml:
         self.write()
 
     def fault(self, function: str, result: str | int) -> None:
-        """Make an NVML function hang ("hang") or return an NVML error code."""
+        """Make an NVML function hang ("hang"), answer late ("slow:<ms>") or return an NVML error code."""
         self.faults[function] = str(result)
         self.write()
 

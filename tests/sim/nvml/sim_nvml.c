@@ -58,7 +58,8 @@ typedef struct {
 
 typedef struct {
     char function[64];
-    int code; /* -1: hang forever */
+    int code;              /* -1: hang forever */
+    unsigned int delay_ms; /* answer, but only after this long (a driver initialising without persistence mode) */
 } sim_fault;
 
 typedef struct {
@@ -151,7 +152,7 @@ static void parse_gpu_line(char *line)
     gpu_count++;
 }
 
-/* "fault function=nvmlDeviceGetMemoryInfo_v2 result=hang|<nvml error code>" */
+/* "fault function=nvmlDeviceGetMemoryInfo_v2 result=hang|slow:<ms>|<nvml error code>" */
 static void parse_fault_line(char *line)
 {
     if (fault_count >= MAX_FAULTS)
@@ -162,6 +163,8 @@ static void parse_fault_line(char *line)
     for (char *tok = strtok_r(line, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
         if (strncmp(tok, "function=", 9) == 0)
             snprintf(f->function, sizeof(f->function), "%s", tok + 9);
+        else if (strncmp(tok, "result=slow:", 12) == 0)
+            f->delay_ms = (unsigned int)strtoul(tok + 12, NULL, 10);
         else if (strncmp(tok, "result=", 7) == 0)
             f->code = strcmp(tok + 7, "hang") == 0 ? -1 : atoi(tok + 7);
     }
@@ -201,6 +204,10 @@ static int injected_fault(const char *function)
         if (faults[i].code < 0)
             for (;;)
                 pause();
+        if (faults[i].delay_ms) {
+            struct timespec delay = {faults[i].delay_ms / 1000, (long)(faults[i].delay_ms % 1000) * 1000000L};
+            nanosleep(&delay, NULL);
+        }
         return faults[i].code;
     }
     return NVML_SUCCESS;
