@@ -31,14 +31,16 @@ BUILD = REPO / "build" / "lab"
 IMAGE_NAME = "localhost/gpufleet-lab-node"
 CONTAINER_PREFIX = "gpufleet-lab-"
 FIRST_SSH_PORT = 2221
-RECIPE_VERSION = "2"  # bump when build_image() changes
-PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "procps", "psmisc", "openssh-server",
-            "iproute2", "curl", "ca-certificates", "sudo"]
+RECIPE_VERSION = "3"  # bump when build_image() changes
+# python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
+PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
+            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo"]
 # The simulated library is compiled into the image (its source is part of the image's hash); the Python side of
 # the simulation (engine doubles, node setup, helpers) is this checkout's tests/ directory, mounted read-only at
 # NODE_TESTS, so that nodes always run the code under test.
 LIBRARY_SOURCE = HERE / "nvml" / "sim_nvml.c"
 NODE_TESTS = "/opt/gpufleet-tests"
+NODE_WHEELS = "/opt/gpufleet-wheels"  # an offline wheel directory, as air-gapped fleets have
 NODE_COLLECTION = "/opt/gpufleet-collection"  # the modules, importable on a node for benchmarks that run them directly
 RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
@@ -125,7 +127,11 @@ def build_image() -> str:
         run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", "bookworm", str(rootfs), debian_mirror()],
             stdout=subprocess.DEVNULL)
         site = rootfs / "usr/local/lib/python3.11/dist-packages"
-        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), "nvidia-ml-py==13.615.71"])
+        # the wheel stays in the node's offline wheel directory: the engine wheels of the install tests depend on it
+        wheels = rootfs / NODE_WHEELS.lstrip("/")
+        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), "nvidia-ml-py==13.615.71"])
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--find-links", str(wheels),
+             "--target", str(site), "nvidia-ml-py==13.615.71"])
         (site / "sglang").mkdir(parents=True, exist_ok=True)
         (site / "sglang" / "__init__.py").write_text("")
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
