@@ -22,16 +22,12 @@ description:
 author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.serving.attributes
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: Read-only; it only sends requests to the engine.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   engine:
     description: Which engine answers at O(url).

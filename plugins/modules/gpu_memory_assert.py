@@ -26,16 +26,12 @@ description:
 author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.serving.attributes
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: The module is read-only and measures the same way in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   gpus:
     description:

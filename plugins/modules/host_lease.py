@@ -21,16 +21,12 @@ description:
 author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.serving.attributes
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: Reports whether the lease could be taken without writing it.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   name:
     description: Lease name (letters, digits, C(-), C(_), C(.)).

@@ -27,6 +27,7 @@ description:
 author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.serving.attributes
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -34,11 +35,6 @@ attributes:
     details: >-
       Reports whether the unit would be stopped or disabled, which of its triggers would be stopped, and lists the
       processes of its control group; changes nothing.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 options:
   name:
     description:
