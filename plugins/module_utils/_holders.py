@@ -20,7 +20,14 @@ import stat as stat_mode
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import EXITED_STATES, ProcessGone, ProcReader, describe, pid_directories
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import (
+    EXITED_STATES,
+    ProcessGone,
+    ProcReader,
+    describe,
+    pid_directories,
+    read_file,
+)
 
 DEFAULT_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*")
 NVIDIA_MAJOR = 195  # fixed by the driver; per-GPU nodes are minors 0..253 (254 modeset, 255 nvidiactl)
@@ -40,7 +47,6 @@ BUILTIN_PROTECTED_NAMES = (
     "ansible-playbook", "ansible", "ansible-pull",
 )
 COMM_LENGTH = 15  # the kernel cuts comm to TASK_COMM_LEN - 1
-READ_SIZE = 65536
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ class HolderScanner:
     def scan_process(self, pid: int, unreadable: Counter) -> Holding | None:
         holding = Holding(pid)
         try:
-            state = _read_state(self.reader.path(pid, "stat"))
+            state = self.reader.stat(pid).state
             base = self._live_view(pid, state)
             self._scan_fds(base, holding)
             if state == "D":
@@ -179,7 +185,7 @@ class HolderScanner:
             os.close(directory)
 
     def _scan_maps(self, base: str, holding: Holding) -> None:
-        text = _read_all(os.path.join(base, "maps"))
+        text = read_file(os.path.join(base, "maps"))
         # most processes map none of the nodes: a substring test on their inode numbers skips the parse
         if not any(token in text for token in self.map_tokens):
             return
@@ -188,35 +194,6 @@ class HolderScanner:
             if node is not None:
                 holding.via.add("mmap")
                 holding.devices.add(node.path)
-
-
-def _read_all(path: str) -> bytes:
-    """os-level read: Python's open() adds an fstat and an ioctl per file, which a scan of every process pays for."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, READ_SIZE)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-
-
-def _read_state(path: str) -> str:
-    """The state letter of /proc/<pid>/stat (one line, one read); raises ProcessGone when the process is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError) as exc:
-        raise ProcessGone(int(path.split("/")[-2])) from exc
-    try:
-        text = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    if not text:
-        raise ProcessGone(int(path.split("/")[-2]))
-    return text[text.rindex(b")") + 2:text.rindex(b")") + 3].decode()
 
 
 def in_init_pid_namespace() -> bool:
