@@ -5,6 +5,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 from conftest import REPO
 
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
@@ -83,3 +86,18 @@ def test_lab_minors_are_permutations_and_differ_on_every_second_node(gpus):
         assert sorted(lab.node_minors(index, gpus)) == list(range(gpus))
     if gpus > 1:
         assert lab.node_minors(2, gpus) != list(range(gpus)) and lab.node_minors(1, gpus) == list(range(gpus))
+
+
+def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
+    """Two runs sharing a run id would share the node lease. Jinja binds `2**32 | random` as `2 ** (32 | random)`,
+    32 possible values; the playbook's expressions must draw from the whole range."""
+    text = (REPO / "playbooks" / "switch_engine.yml").read_text()
+    plays = yaml.safe_load(text)
+    naming = next(task for task in plays[0]["tasks"] if "ansible.builtin.set_fact" in task)
+    run_id = naming["ansible.builtin.set_fact"]["switch_engine_run_id"]
+    switching = next(task for task in plays[1]["tasks"] if "rescue" in task)
+    limited = switching["block"][0]["vars"]["engine_switch_run_id"]
+    templar = Templar(loader=DataLoader(), variables={"hostvars": {"localhost": {}}})
+    for expression in (run_id.rsplit("-", 1)[1], limited):
+        drawn = {templar.template(trust_as_template(expression)) for _ in range(200)}
+        assert len(drawn) > 190, f"{expression}: only {len(drawn)} distinct values in 200 draws"
