@@ -16,7 +16,7 @@ import time
 
 import psutil
 import pytest
-from conftest import HELPER, alive, remove_cgroup, run_module, start_module
+from conftest import COLLECTIONS, HELPER, REPO, alive, remove_cgroup, run_module, start_module
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
@@ -325,7 +325,6 @@ def test_a_second_run_waits_for_the_host_lock_then_fails_naming_the_holder(devic
 
 def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, processes, tmp_path, nvml_env):
     """E7/E8 and G4: ansible-playbook on a local connection holds a device (inherited fd) in its whole chain."""
-    from conftest import COLLECTIONS, REPO
     decoy = processes.decoy("python3", "ansible")
     playbook = tmp_path / "play.yml"
     playbook.write_text(f"""
@@ -350,7 +349,9 @@ def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, pro
           - sync_run.protected | length > 0
           - async_run.protected | map(attribute='reason') | select('search', 'ansible-playbook') | list | length > 0
 """)
-    env = {**os.environ, **nvml_env, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
+    # the async job files in the test's own directory: async_status would look under the passwd home, not $HOME
+    env = {**os.environ, **nvml_env, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+           "ANSIBLE_ASYNC_DIR": str(tmp_path / "async")}
     ansible_playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     run = subprocess.run(["sh", "-c", f'exec 3<"{devices.gpu(0)}"; exec "{ansible_playbook}" -i localhost, "{playbook}"'],
                          capture_output=True, text=True, env=env, timeout=180, cwd=REPO, check=False)
