@@ -142,9 +142,10 @@ class FakeSystemd:
     """One unit: a main process plus others, with KillMode semantics and an optional restart after the stop."""
 
     def __init__(self, members: list[subprocess.Popen], kill_mode: str = "control-group", restart_after_stop: bool = False,
-                 triggers: dict[str, str] | None = None):
+                 triggers: dict[str, str] | None = None, stuck_triggers: tuple[str, ...] = ()):
         self.members = members
         self.triggers = dict(triggers or {})  # trigger unit -> ActiveState
+        self.stuck_triggers = stuck_triggers  # triggers whose stop job never finishes
         self.kill_mode = kill_mode
         self.restart_after_stop = restart_after_stop
         self.calls: list[str] = []
@@ -175,7 +176,7 @@ class FakeSystemd:
     def stop(self, unit: str) -> None:
         if unit in self.triggers:
             self.calls.append(f"stop {unit}")
-            self.triggers[unit] = "inactive"
+            self.triggers[unit] = "deactivating" if unit in self.stuck_triggers else "inactive"
             return
         self.calls.append("stop")
         self.stopping = True
@@ -377,3 +378,12 @@ def test_systemctl_is_read_in_the_c_locale_whatever_the_callers_language(tmp_pat
     assert not result.failed, result["msg"]
     assert result["found"] is False and result["changed"] is False
     assert result["state_after"]["ActiveState"] == "inactive"
+
+
+def test_a_trigger_that_does_not_stop_fails_the_run_before_the_unit_is_touched(unit_processes):
+    """The unit is left running rather than stopped while something can still start it again."""
+    main = unit_processes()
+    fake = FakeSystemd([main], triggers={"engine.socket": "active"}, stuck_triggers=("engine.socket",))
+    outcome = run_stop(fake, stop_timeout=0.3, stop_triggers=True)
+    assert outcome.errors == ["trigger engine.socket is still deactivating after stop_timeout=0.3s"]
+    assert outcome.triggers_stopped == [] and "stop" not in fake.calls and alive(main.pid)
