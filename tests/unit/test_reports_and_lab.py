@@ -99,5 +99,5 @@ def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
     limited = switching["block"][0]["vars"]["engine_switch_run_id"]
     templar = Templar(loader=DataLoader(), variables={"hostvars": {"localhost": {}}})
     for expression in (run_id.rsplit("-", 1)[1], limited):
-        drawn = {templar.template(trust_as_template(expression)) for _ in range(200)}
+        drawn = {templar.template(trust_as_template(expression)) for _draw in range(200)}
         assert len(drawn) > 190, f"{expression}: only {len(drawn)} distinct values in 200 draws"
