@@ -2,22 +2,32 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Filters rendering engine command lines (see plugins/plugin_utils/_engine_args.py)."""
+"""The engine_facts and engine_secrets filters: an engine's unit, command line, URL and secrets from its role's variables.
+
+See plugins/plugin_utils/_engines.py; the vllm and sglang roles publish its result as vllm_facts / sglang_facts.
+"""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.serving.plugins.plugin_utils import _engine_args
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _engines
 
 
-def engine_argv(config: dict, engine: str) -> list[str]:
+def engine_facts(config: dict, engine: str) -> dict:
     try:
-        return _engine_args.engine_argv(config, engine)
-    except _engine_args.EngineArgsError as error:
+        return _engines.engine_facts(config, engine)
+    except _engines.EngineArgsError as error:
         raise AnsibleFilterError(f"{engine} role: {error}") from None
+
+
+def engine_secrets(facts: dict, api_key: str) -> dict:
+    try:
+        return _engines.engine_secrets(facts, api_key)
+    except _engines.EngineArgsError as error:
+        raise AnsibleFilterError(f"{facts.get('engine')} role: {error}") from None
 
 
 class FilterModule:
     def filters(self):
-        return {"engine_argv": engine_argv, "systemd_quote": _engine_args.systemd_quote}
+        return {"engine_facts": engine_facts, "engine_secrets": engine_secrets}

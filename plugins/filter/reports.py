@@ -2,19 +2,32 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Filters shaping the teardown and switch reports (see plugins/plugin_utils/_reports.py)."""
+"""Filters building the teardown and switch reports and the rollout gate (see plugins/plugin_utils/_reports.py).
+
+The documents they build are described key by key in docs/reports.md.
+"""
 
 from __future__ import annotations
+
+import functools
+
+from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
 
 
+def _clear_errors(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except _reports.ReportError as error:
+            raise AnsibleFilterError(str(error)) from None
+    return wrapper
+
+
 class FilterModule:
     def filters(self):
-        return {
-            "process_summary": _reports.process_summary,
-            "teardown_unit_summary": _reports.unit_summary,
-            "gpu_summary": _reports.gpu_summary,
-            "teardown_table": _reports.teardown_table,
-            "switch_table": _reports.switch_table,
-        }
+        return {name: _clear_errors(getattr(_reports, name)) for name in (
+            "teardown_host_report", "teardown_run_report", "teardown_table",
+            "switch_host_report", "switch_run_report", "switch_table", "not_reached_report", "rollout_gate", "failure_reason")}

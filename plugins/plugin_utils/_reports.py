@@ -4,16 +4,43 @@
 #
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
-"""Controller-side report shaping: short per-host records and readable tables."""
+"""The teardown and switch reports: built once per host, gathered once per run, in the schema of docs/reports.md.
+
+The JSON documents are a contract for users' tooling: a key changes meaning only with SCHEMA_VERSION.
+"""
 
 from __future__ import annotations
 
+import datetime
+
+SCHEMA_VERSION = 1
 CMDLINE_WIDTH = 60
 
+# switch_engine results, per host
+SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, NOT_REACHED = (
+    "switched", "unchanged", "rolled_back", "rollback_failed", "failed", "not_reached")
+SWITCH_RESULTS = (SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, NOT_REACHED)
+SWITCH_SUCCESSES = (SWITCHED, UNCHANGED)
+# the phases of a switch, in order; a host's durations are keyed by them
+PHASES = ("lease", "discover", "drain", "backup", "teardown", "bring_up", "verify", "rollback")
+# gpu_cleanup results, per host
+TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
 
+
+class ReportError(ValueError):
+    pass
+
+
+def _iso(timestamp) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.datetime.fromtimestamp(float(timestamp), datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- pieces shared by both reports ------------------------------------------------------------------------------------
 def process_summary(process: dict) -> dict:
     cmdline = " ".join(process.get("cmdline") or []) or process.get("comm") or "?"
-    summary = {"pid": process.get("pid"), "comm": process.get("comm"), "cmdline": cmdline, "gpus": process.get("gpus", []),
+    summary = {"pid": process.get("pid"), "comm": process.get("comm"), "cmdline": cmdline, "gpus": list(process.get("gpus") or []),
                "unit": process.get("unit")}
     if process.get("reason"):
         summary["reason"] = process["reason"]
@@ -23,7 +50,7 @@ def process_summary(process: dict) -> dict:
 def unit_summary(result: dict) -> dict:
     before = (result.get("state_before") or {}).get("ActiveState")
     after = (result.get("state_after") or {}).get("ActiveState")
-    return {"unit": result.get("unit"), "found": result.get("found"), "changed": bool(result.get("changed")),
+    return {"unit": result.get("unit") or result.get("item"), "found": result.get("found"), "changed": bool(result.get("changed")),
             "before": before, "after": after, "escalated": bool(result.get("escalated")),
             "terminated": [process_summary(p) for p in result.get("terminated") or []],
             "killed": [process_summary(p) for p in result.get("killed") or []],
@@ -35,16 +62,179 @@ def gpu_summary(gpu: dict) -> dict:
     return {"index": gpu.get("index"), "uuid": gpu.get("uuid"), "used_mib": gpu.get("used_mib"), "clean": gpu.get("clean")}
 
 
+def failure_reason(result: dict | None) -> str:
+    """The message of a failed task result, looped or not."""
+    result = result or {}
+    if result.get("msg"):
+        return str(result["msg"])
+    looped = [str(item.get("msg")) for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    return "; ".join(looped) or "failed without a message"
+
+
+# --- gpu_teardown: one host ---------------------------------------------------------------------------------------------
+def teardown_host_report(steps: dict) -> dict:
+    """The gpu_teardown record of one host from its steps' module results.
+
+    ``steps``: check_mode, units (the looped systemd_stop_hard result), holders (gpu_holders_kill), before and after
+    (gpu_memory_assert), and on failure failed_step and failure (the failed task's result).
+    """
+    units = [unit_summary(result) for result in (steps.get("units") or {}).get("results") or [] if result.get("unit") or result.get("failed")]
+    holders = steps.get("holders") or {}
+    report = {
+        "result": "failed" if steps.get("failed_step") else "ok",
+        "check_mode": bool(steps.get("check_mode")),
+        "failed_step": steps.get("failed_step"),
+        "reason": failure_reason(steps.get("failure")) if steps.get("failed_step") else None,
+        "units": units,
+        "terminated": [process_summary(p) for p in holders.get("terminated") or []],
+        "killed": [process_summary(p) for p in holders.get("killed") or []],
+        "planned": [process_summary(p) for p in holders.get("targets") or []] if steps.get("check_mode") else [],
+        "protected": [process_summary(p) for p in holders.get("protected") or []],
+        "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
+        "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
+        "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
+    }
+    return report
+
+
+def _teardown_processes(teardown: dict | None, kind: str) -> list[dict]:
+    teardown = teardown or {}
+    return list(teardown.get(kind) or []) + [p for unit in teardown.get("units") or [] for p in unit.get(kind) or []]
+
+
+# --- switch_engine: one host --------------------------------------------------------------------------------------------
+def _durations(marks: list) -> dict:
+    """Seconds per phase from [[phase, start time], ..., ['end', time]]: each phase lasts until the next mark."""
+    durations: dict = {}
+    for (phase, start), (_next, end) in zip(marks, marks[1:]):
+        durations[phase] = round(durations.get(phase, 0.0) + float(end) - float(start), 2)
+    if len(marks) >= 2:
+        durations["total"] = round(float(marks[-1][1]) - float(marks[0][1]), 2)
+    return durations
+
+
+def switch_host_report(record: dict) -> dict:
+    """The switch_engine record of one host, from what the switch_engine role noted while it ran.
+
+    ``record``: target, found (engines active at discovery), previous, outcome (result, reason, rollback_error),
+    marks ([[phase, unix time], ...] ending with ['end', time]), lease (host_lease result), teardown and
+    rollback_teardown (gpu_teardown records).
+    """
+    outcome = record.get("outcome") or {}
+    result = outcome.get("result")
+    if result not in SWITCH_RESULTS:
+        raise ReportError(f"switch result {result!r} is not one of {', '.join(SWITCH_RESULTS)}")
+    marks = [list(mark) for mark in record.get("marks") or []]
+    # the phase that failed: the last one begun before any rollback
+    phases = [mark[0] for mark in marks if mark[0] not in ("end", "rollback")]
+    teardowns = [record.get("teardown"), record.get("rollback_teardown")]
+    lease = record.get("lease") or {}
+    return {
+        "result": result,
+        "from": record.get("previous") or "none",
+        "to": record.get("target"),
+        "engines_found": list(record.get("found") or []),
+        "reason": outcome.get("reason"),
+        "failed_phase": (phases[-1] if phases else None) if result not in SWITCH_SUCCESSES else None,
+        "rollback_error": outcome.get("rollback_error"),
+        "recovered_lease": lease.get("recovered"),
+        "started": _iso(marks[0][1]) if marks else None,
+        "finished": _iso(marks[-1][1]) if marks and marks[-1][0] == "end" else None,
+        "durations_s": _durations(marks),
+        "terminated": [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
+        "killed": [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
+    }
+
+
+def not_reached_report(target: str | None, reason: str) -> dict:
+    """A host the run left as it was: behind a stopped rollout, or never reached."""
+    return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "reason": reason, "failed_phase": None,
+            "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {},
+            "terminated": [], "killed": []}
+
+
+# --- the rollout gate ---------------------------------------------------------------------------------------------------
+def rollout_gate(reports: dict, max_fail_percentage) -> dict:
+    """Whether the next batch may start: the failed share of the hosts switched so far against the allowed share.
+
+    Hosts left ``not_reached`` were never tried and count neither way.
+    """
+    try:
+        allowed = float(max_fail_percentage)
+    except (TypeError, ValueError):
+        raise ReportError(f"switch_engine_max_fail_percentage: {max_fail_percentage!r} is not a number") from None
+    if not 0 <= allowed <= 100:
+        raise ReportError(f"switch_engine_max_fail_percentage: must be between 0 and 100, got {max_fail_percentage!r}")
+    tried = {host: report for host, report in (reports or {}).items() if report and report.get("result") != NOT_REACHED}
+    failed = sorted(host for host, report in tried.items() if report.get("result") not in SWITCH_SUCCESSES)
+    share = 100.0 * len(failed) / len(tried) if tried else 0.0
+    stop = bool(failed) and share > allowed
+    message = None
+    if stop:
+        named = ", ".join(f"{host} ({tried[host].get('result')})" for host in failed)
+        message = (f"rollout stopped: {len(failed)} of {len(tried)} node(s) tried so far did not switch ({named}); "
+                   f"{share:.0f} % is above switch_engine_max_fail_percentage {allowed:g} %")
+    return {"stop": stop, "tried": len(tried), "failed": failed, "failed_percentage": round(share, 1), "message": message}
+
+
+# --- the run documents --------------------------------------------------------------------------------------------------
+def _summary(hosts: dict, results: tuple) -> dict:
+    counts = {result: 0 for result in results}
+    for report in hosts.values():
+        counts[report["result"]] = counts.get(report["result"], 0) + 1
+    return {"hosts": len(hosts), **counts}
+
+
+def switch_run_report(host_reports: dict, run: dict) -> dict:
+    """The switch_engine JSON document: the run, a summary and every host of the run (``None``: not reached)."""
+    target = run.get("target")
+    hosts = {}
+    for host in sorted(host_reports):
+        report = host_reports[host]
+        hosts[host] = report if report else not_reached_report(target, "not reached: unreachable, or left out by the rollout")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "playbook": "switch_engine",
+        "run_id": run.get("run_id"),
+        "target": target,
+        "check_mode": bool(run.get("check_mode")),
+        "started": _iso(run.get("started")),
+        "finished": _iso(run.get("finished")),
+        "parameters": dict(run.get("parameters") or {}),
+        "summary": _summary(hosts, SWITCH_RESULTS),
+        "hosts": hosts,
+    }
+
+
+def teardown_run_report(host_reports: dict, run: dict) -> dict:
+    """The gpu_cleanup JSON document."""
+    hosts = {}
+    for host in sorted(host_reports):
+        report = host_reports[host]
+        hosts[host] = report if report else {"result": "not_reached", "reason": "not reached: unreachable, or failed before the teardown"}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "playbook": "gpu_cleanup",
+        "check_mode": bool(run.get("check_mode")),
+        "started": _iso(run.get("started")),
+        "finished": _iso(run.get("finished")),
+        "parameters": dict(run.get("parameters") or {}),
+        "summary": _summary(hosts, TEARDOWN_RESULTS),
+        "hosts": hosts,
+    }
+
+
+# --- tables -------------------------------------------------------------------------------------------------------------
 def _shorten(text: str, width: int = CMDLINE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
+def _table(headers: list[str], rows: list[list]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)] if rows else [len(h) for h in headers]
     line = "  ".join(f"{{:<{width}}}" for width in widths)
     out = [line.format(*headers), line.format(*["-" * width for width in widths])]
     out += [line.format(*[str(cell) for cell in row]) for row in rows]
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)
 
 
 def _memory(gpus: list[dict]) -> str:
@@ -53,37 +243,34 @@ def _memory(gpus: list[dict]) -> str:
     return " ".join(f"{gpu['index']}:{gpu['used_mib']}" for gpu in gpus)
 
 
-def teardown_table(reports: dict) -> str:
-    """One block per host: a summary row, then every process terminated or killed with its command line."""
+def teardown_table(document: dict) -> str:
+    """One row per host, then every process terminated or killed with its command line."""
     rows = []
     details = []
-    for host in sorted(reports):
-        report = reports[host] or {}
-        units = report.get("units", [])
+    for host, report in sorted((document.get("hosts") or {}).items()):
+        units = report.get("units") or []
         stopped = [u["unit"] for u in units if u.get("changed")]
-        row = [host, report.get("result", "unreached"), ",".join(stopped) or "-",
-               len(report.get("terminated", [])) + sum(len(u.get("terminated", [])) for u in units),
-               len(report.get("killed", [])) + sum(len(u.get("killed", [])) for u in units),
-               len(report.get("protected", [])), _memory(report.get("memory_before", [])), _memory(report.get("memory_after", []))]
-        rows.append(row)
+        rows.append([host, report.get("result"), ",".join(stopped) or "-", len(_teardown_processes(report, "terminated")),
+                     len(_teardown_processes(report, "killed")), len(report.get("protected") or []),
+                     _memory(report.get("memory_before") or []), _memory(report.get("memory_after") or [])])
         if report.get("result") == "failed":
             details.append(f"{host}: FAILED at '{report.get('failed_step')}': {report.get('reason')}")
+        elif report.get("result") == "not_reached":
+            details.append(f"{host}: {report.get('reason')}")
         for unit in units:
             if unit.get("triggers_stopped"):
                 details.append(f"{host}: {unit['unit']}: triggers stopped first: {', '.join(unit['triggers_stopped'])}")
             for kind in ("terminated", "killed"):
-                for process in unit.get(kind, []):
+                for process in unit.get(kind) or []:
                     details.append(f"{host}: {unit['unit']}: {kind} {process['pid']} {_shorten(process['cmdline'])}")
-            for warning in unit.get("warnings", []):
+            for warning in unit.get("warnings") or []:
                 details.append(f"{host}: {unit['unit']}: warning: {warning}")
-        verb = "would signal" if report.get("check_mode") else None
         for kind in ("terminated", "killed"):
-            for process in report.get(kind, []):
+            for process in report.get(kind) or []:
                 details.append(f"{host}: holder {kind} {process['pid']} {_shorten(process['cmdline'])}")
-        if verb:
-            for process in report.get("planned", []):
-                details.append(f"{host}: {verb} {process['pid']} {_shorten(process['cmdline'])}")
-        for process in report.get("protected", []):
+        for process in report.get("planned") or []:
+            details.append(f"{host}: would signal {process['pid']} {_shorten(process['cmdline'])}")
+        for process in report.get("protected") or []:
             details.append(f"{host}: protected {process['pid']} {process.get('comm')} ({process.get('reason')})")
     headers = ["host", "result", "units stopped", "terminated", "killed", "protected", "MiB before (gpu:used)", "MiB after"]
     return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")
@@ -93,23 +280,25 @@ def _seconds(value) -> str:
     return "-" if value is None else f"{float(value):.1f}"
 
 
-def switch_table(reports: dict) -> str:
-    """One row per host: from, to, result, rollback, durations; then the processes killed and failure reasons."""
+def switch_table(document: dict) -> str:
+    """One row per host: from, to, result, durations; then failure reasons and the processes killed."""
     rows = []
     details = []
-    for host in sorted(reports):
-        report = reports[host] or {}
-        durations = report.get("durations") or {}
-        rows.append([host, report.get("from", "-"), report.get("to", "-"), report.get("result", "-"),
-                     "yes" if report.get("rolled_back") else "no", _seconds(durations.get("drain")), _seconds(durations.get("teardown")),
-                     _seconds(durations.get("bring_up")), _seconds(durations.get("total")), len(report.get("killed") or [])])
+    for host, report in sorted((document.get("hosts") or {}).items()):
+        durations = report.get("durations_s") or {}
+        rows.append([host, report.get("from") or "-", report.get("to") or "-", report.get("result"),
+                     _seconds(durations.get("drain")), _seconds(durations.get("teardown")), _seconds(durations.get("bring_up")),
+                     _seconds(durations.get("verify")), _seconds(durations.get("total")), len(report.get("killed") or [])])
+        if len(report.get("engines_found") or []) > 1:
+            details.append(f"{host}: engines found running: {', '.join(report['engines_found'])}")
         if report.get("reason"):
-            details.append(f"{host}: {report['result']}: {report['reason']}")
+            phase = f" at {report['failed_phase']}" if report.get("failed_phase") else ""
+            details.append(f"{host}: {report['result']}{phase}: {report['reason']}")
         if report.get("rollback_error"):
-            details.append(f"{host}: ROLLBACK FAILED, NOTHING SERVES: {report['rollback_error']}")
+            details.append(f"{host}: ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}")
         if report.get("recovered_lease"):
             details.append(f"{host}: took over the expired switch lease of {report['recovered_lease'].get('owner')}")
         for process in report.get("killed") or []:
             details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
-    headers = ["host", "from", "to", "result", "rolled back", "drain s", "teardown s", "bring-up s", "total s", "killed"]
+    headers = ["host", "from", "to", "result", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
     return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")

@@ -1,0 +1,328 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""An engine's facts from its role's variables: the one place the vllm and sglang roles, and the switch, learn them.
+
+The roles hand over their variables in one engine-neutral shape (``roles/<engine>/vars/main.yml``); this module
+validates them, naming the role variable at fault, renders the command line in each engine's own spelling (vLLM
+0.33.0 ``vllm serve MODEL ...`` with the model first, since --api-key and --served-model-name take nargs='+';
+SGLang 0.5.23 ``--model-path ...``), and derives the rest: URL, secrets file, stop timeout, unit lines.
+
+The API key is never part of the argv as written: vLLM reads VLLM_API_KEY, SGLang gets ``${SGLANG_API_KEY}``, which
+systemd expands from the secrets file.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
+
+ENGINES = ("vllm", "sglang")
+SECRETS_DIR = "/etc/gpufleet"
+SECRET_VARIABLE = {"vllm": "VLLM_API_KEY", "sglang": "SGLANG_API_KEY"}
+SGLANG_API_KEY_REFERENCE = "${SGLANG_API_KEY}"
+# systemd SIGKILLs the control group this long after the engine's own drain time.
+STOP_MARGIN_SECONDS = 30
+# Where a role variable is not <engine>_<key>.
+VARIABLE_NAMES = {
+    "vllm": {"memory_fraction": "vllm_gpu_memory_utilization", "max_running_requests": "vllm_max_num_seqs"},
+    "sglang": {"memory_fraction": "sglang_mem_fraction_static", "max_model_len": "sglang_context_length"},
+}
+SPECULATIVE_KEYS = ("draft_model", "num_speculative_tokens", "eagle_topk", "num_draft_tokens", "method")
+SPECULATIVE_DEFAULTS = {"num_speculative_tokens": 3, "eagle_topk": 1}
+UNSPECIFIED_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+class EngineArgsError(ValueError):
+    pass
+
+
+def variable(engine: str, key: str) -> str:
+    """The role variable a configuration key comes from, for messages."""
+    return VARIABLE_NAMES.get(engine, {}).get(key, f"{engine}_{key}")
+
+
+class _Reader:
+    """Typed reads of one engine's configuration; every refusal names the role variable."""
+
+    def __init__(self, config: dict, engine: str):
+        self.config = config
+        self.engine = engine
+
+    def fail(self, key: str, message: str):
+        raise EngineArgsError(f"{variable(self.engine, key)}: {message}")
+
+    def text(self, key: str, required: bool = False) -> str:
+        value = self.config.get(key)
+        if value is None or value == "":
+            if required:
+                self.fail(key, "is required")
+            return ""
+        if isinstance(value, (dict, list, bool)):
+            self.fail(key, f"give a string, got {type(value).__name__} {value!r}")
+        return str(value)
+
+    def number(self, key: str, kind=int, minimum=None, source: dict | None = None, name: str | None = None):
+        value = (self.config if source is None else source).get(key)
+        label = name or variable(self.engine, key)
+        if value is None or value == "":
+            return None
+        if isinstance(value, bool):
+            raise EngineArgsError(f"{label}: give a {'whole number' if kind is int else 'number'}, got {value!r}")
+        try:
+            number = kind(value)
+            if kind is int and float(value) != number:
+                raise ValueError
+        except (TypeError, ValueError):
+            raise EngineArgsError(f"{label}: {value!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if minimum is not None and number < minimum:
+            raise EngineArgsError(f"{label}: must be at least {minimum}, got {value!r}")
+        return number
+
+    def mapping(self, key: str) -> dict:
+        value = self.config.get(key) or {}
+        if not isinstance(value, dict):
+            self.fail(key, f"give a mapping, got {type(value).__name__} {value!r}")
+        return value
+
+
+def _common(read: _Reader) -> dict:
+    fraction = read.number("memory_fraction", float)
+    if fraction is not None and not 0 < fraction <= 1:
+        read.fail("memory_fraction", f"must be in (0, 1], got {fraction}")
+    extra = read.config.get("extra_args") or []
+    if isinstance(extra, str) or not isinstance(extra, list) or not all(isinstance(arg, (str, int, float)) for arg in extra):
+        read.fail("extra_args", f"give a list of separate arguments, e.g. ['--seed', '7'], got {extra!r}")
+    for arg in extra:
+        if str(arg).startswith("-") and len(str(arg).split()) > 1 and "=" not in str(arg).split()[0]:
+            read.fail("extra_args", f"{arg!r} is one argument holding a space; give the option and its value as two items, "
+                                    f"e.g. {str(arg).split(None, 1)!r}")
+    port = read.number("port", minimum=1)
+    if port is None:
+        read.fail("port", "is required")
+    if port > 65535:
+        read.fail("port", f"must be at most 65535, got {port}")
+    return {
+        "model": read.text("model", required=True), "served": read.text("served_model_name"), "host": read.text("host") or "127.0.0.1",
+        "port": port, "tp": read.number("tensor_parallel_size", minimum=1), "dp": read.number("data_parallel_size", minimum=1),
+        "fraction": fraction, "max_len": read.number("max_model_len", minimum=1),
+        "max_running": read.number("max_running_requests", minimum=1), "extra": [str(arg) for arg in extra],
+        "quantization": read.text("quantization"), "kv_cache_dtype": read.text("kv_cache_dtype"),
+    }
+
+
+def speculative(read: _Reader) -> dict | None:
+    """One EAGLE-3 shape for both engines: draft_model, num_speculative_tokens (3), eagle_topk (1), num_draft_tokens.
+
+    SGLang wants its three values together (steps, top-k, draft tokens); with top-k 1 the draft tokens are the
+    steps plus one, with a wider tree they must be given. vLLM's EAGLE-3 has no tree: top-k and draft tokens are
+    refused there rather than silently dropped.
+    """
+    spec = read.mapping("speculative")
+    if not spec:
+        return None
+    name = variable(read.engine, "speculative")
+    unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
+    if unknown:
+        raise EngineArgsError(f"{name}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(SPECULATIVE_KEYS)}")
+    if not spec.get("draft_model"):
+        raise EngineArgsError(f"{name}.draft_model: is required (the EAGLE-3 draft head's path or name)")
+    method = str(spec.get("method", "eagle3")).lower()
+    if method != "eagle3":
+        raise EngineArgsError(f"{name}.method: only eagle3 is supported, got {method!r}")
+
+    def number(key):
+        found = read.number(key, minimum=1, source=spec, name=f"{name}.{key}")
+        return SPECULATIVE_DEFAULTS.get(key) if found is None else found
+
+    steps = number("num_speculative_tokens")
+    if read.engine == "vllm":
+        for key in ("eagle_topk", "num_draft_tokens"):
+            if spec.get(key) not in (None, ""):
+                raise EngineArgsError(f"{name}.{key}: vLLM's EAGLE-3 drafts a chain, not a tree; this key is for SGLang only")
+        return {"draft_model": str(spec["draft_model"]), "num_speculative_tokens": steps}
+    topk = number("eagle_topk")
+    draft_tokens = number("num_draft_tokens")
+    if draft_tokens is None:
+        if topk != 1:
+            raise EngineArgsError(f"{name}.num_draft_tokens: is required when eagle_topk is above 1 (SGLang's own choice for "
+                                  "Llama is 5 steps, top-k 4, 8 draft tokens)")
+        draft_tokens = steps + 1
+    if topk == 1 and draft_tokens != steps + 1:
+        raise EngineArgsError(f"{name}.num_draft_tokens: with eagle_topk 1 it must be num_speculative_tokens + 1 = {steps + 1}, "
+                              f"got {draft_tokens}")
+    if not 2 <= draft_tokens <= topk * steps + 1:
+        raise EngineArgsError(f"{name}.num_draft_tokens: must be between 2 and eagle_topk x num_speculative_tokens + 1 = "
+                              f"{topk * steps + 1}, got {draft_tokens}")
+    return {"draft_model": str(spec["draft_model"]), "num_speculative_tokens": steps, "eagle_topk": topk,
+            "num_draft_tokens": draft_tokens}
+
+
+def _options(argv: list[str], pairs) -> None:
+    for flag, value in pairs:
+        if value is not None and value != "":
+            argv += [flag, str(value)]
+
+
+def vllm_argv(config: dict) -> list[str]:
+    """Arguments after `vllm serve` (the model comes first)."""
+    read = _Reader(config, "vllm")
+    common = _common(read)
+    argv = [common["model"]]
+    _options(argv, [("--served-model-name", common["served"]), ("--host", common["host"]), ("--port", common["port"]),
+                    ("--tensor-parallel-size", common["tp"]), ("--data-parallel-size", common["dp"]),
+                    ("--max-model-len", common["max_len"]), ("--gpu-memory-utilization", common["fraction"]),
+                    ("--max-num-seqs", common["max_running"]), ("--quantization", common["quantization"]),
+                    ("--kv-cache-dtype", common["kv_cache_dtype"]),
+                    ("--shutdown-timeout", read.number("shutdown_timeout", minimum=0))])
+    expert = config.get("expert_parallel")
+    if expert not in (None, "", False, True):
+        read.fail("expert_parallel", f"vLLM takes true or false, got {expert!r}")
+    if expert:
+        argv.append("--enable-expert-parallel")
+    spec = speculative(read)
+    if spec:
+        argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": spec["draft_model"],
+                                                     "num_speculative_tokens": spec["num_speculative_tokens"]}, separators=(",", ":"))]
+    return argv + common["extra"]
+
+
+def sglang_argv(config: dict) -> list[str]:
+    """Arguments after `python -m sglang.launch_server` (or `sglang serve`)."""
+    read = _Reader(config, "sglang")
+    common = _common(read)
+    if ":" in common["served"]:
+        read.fail("served_model_name", f"SGLang reads 'name:adapter' as a LoRA adapter, so ':' is not allowed, got {common['served']!r}")
+    expert = config.get("expert_parallel")
+    if expert is True:
+        ep_size = common["tp"]
+    elif expert in (None, "", False):
+        ep_size = None
+    else:
+        ep_size = read.number("expert_parallel", minimum=1)
+    argv = ["--model-path", common["model"]]
+    _options(argv, [("--served-model-name", common["served"]), ("--host", common["host"]), ("--port", common["port"])])
+    argv.append("--enable-metrics")  # the drain reads SGLang's running requests from its metrics
+    _options(argv, [("--tp-size", common["tp"]), ("--dp-size", common["dp"]), ("--context-length", common["max_len"]),
+                    ("--mem-fraction-static", common["fraction"]), ("--max-running-requests", common["max_running"]),
+                    ("--quantization", common["quantization"]), ("--kv-cache-dtype", common["kv_cache_dtype"]),
+                    ("--ep-size", ep_size)])
+    if config.get("api_key"):
+        argv += ["--api-key", SGLANG_API_KEY_REFERENCE]
+    spec = speculative(read)
+    if spec:
+        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", spec["draft_model"],
+                 "--speculative-num-steps", str(spec["num_speculative_tokens"]),
+                 "--speculative-eagle-topk", str(spec["eagle_topk"]),
+                 "--speculative-num-draft-tokens", str(spec["num_draft_tokens"])]
+    return argv + common["extra"]
+
+
+def engine_argv(config: dict, engine: str) -> list[str]:
+    if engine not in ENGINES:
+        raise EngineArgsError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    return vllm_argv(config) if engine == "vllm" else sglang_argv(config)
+
+
+def launcher(config: dict, engine: str) -> list[str]:
+    """The words before the engine's arguments: an existing install, or the role's pinned virtualenv."""
+    read = _Reader(config, engine)
+    install = bool(config.get("install"))
+    if engine == "vllm":
+        executable = read.text("virtualenv", required=True) + "/bin/vllm" if install else read.text("executable", required=True)
+        command = [executable, "serve"]
+    else:
+        python = read.text("virtualenv", required=True) + "/bin/python" if install else read.text("python", required=True)
+        entry_point = read.text("entry_point") or "launch_server"
+        if entry_point not in ("launch_server", "serve"):
+            read.fail("entry_point", f"launch_server or serve, got {entry_point!r}")
+        command = [python, "-m", "sglang.launch_server"] if entry_point == "launch_server" else [posixpath.dirname(python) + "/sglang", "serve"]
+    if not posixpath.isabs(command[0]):
+        read.fail("virtualenv" if install else ("executable" if engine == "vllm" else "python"),
+                  f"give an absolute path (systemd runs it without a shell), got {command[0]!r}")
+    return command
+
+
+def probe_url(host: str, port: int) -> str:
+    """Where the node reaches the engine: the address it binds, or loopback when it binds every address."""
+    address = UNSPECIFIED_HOSTS.get(host, host)
+    if ":" in address:
+        address = f"[{address}]"
+    return f"http://{address}:{port}"
+
+
+def _escaped(read: _Reader, key: str, escape, items) -> list[str]:
+    try:
+        return [escape(*item) for item in items]
+    except _systemd_escape.SystemdEscapeError as error:
+        read.fail(key, str(error))
+
+
+def engine_facts(config: dict, engine: str) -> dict:
+    """Everything the role and the switch need to know of one engine, from its role's variables.
+
+    Without a model (an engine this inventory does not configure) the facts still say where its unit, port and
+    secrets are, so that the switch can find and stop it; ``configured`` is false and nothing is rendered.
+    """
+    if engine not in ENGINES:
+        raise EngineArgsError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    read = _Reader(config, engine)
+    unit = read.text("unit", required=True)
+    if not unit.endswith(".service") or "/" in unit or len(unit) <= len(".service"):
+        read.fail("unit", f"give a service unit name such as {engine}.service, got {unit!r}")
+    port = read.number("port", minimum=1)
+    if port is None or port > 65535:
+        read.fail("port", f"give a port from 1 to 65535, got {config.get('port')!r}")
+    host = read.text("host") or "127.0.0.1"
+    shutdown = read.number("shutdown_timeout", minimum=0)
+    if shutdown is None:
+        read.fail("shutdown_timeout", "is required")
+    ready_timeout = read.number("ready_timeout", minimum=1)
+    if ready_timeout is None:
+        read.fail("ready_timeout", "is required")
+    api_key = config.get("api_key") or ""
+    if not isinstance(api_key, str):
+        read.fail("api_key", f"give a string, got a {type(api_key).__name__}")  # never echo a key
+    facts = {
+        "engine": engine,
+        "configured": bool(read.text("model")),
+        "unit": unit,
+        "user": read.text("user", required=True),
+        "host": host,
+        "port": port,
+        "url": probe_url(host, port),
+        "model": read.text("model") or None,
+        "served_model_name": read.text("served_model_name") or read.text("model") or None,
+        "secrets_path": f"{SECRETS_DIR}/{unit[: -len('.service')]}.secrets",
+        "api_key_set": bool(api_key),
+        "restart": read.text("restart", required=True),
+        "description": _systemd_escape.description(f"{engine} inference engine ({read.text('served_model_name') or read.text('model')})"),
+        "shutdown_timeout": shutdown,
+        "timeout_stop_sec": shutdown + STOP_MARGIN_SECONDS,
+        "ready_timeout": ready_timeout,
+    }
+    if not facts["configured"]:
+        return facts
+    argv = launcher(config, engine) + engine_argv(config, engine)
+    environment = read.mapping("environment")
+    facts.update({
+        "executable": argv[0],
+        "argv": argv,
+        "exec_start": _escaped(read, "extra_args", lambda *words: _systemd_escape.exec_line(list(words)), [argv])[0],
+        "environment": {str(name): str(value) for name, value in environment.items()},
+        "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment, sorted(environment.items())),
+        "speculative": speculative(read),
+    })
+    return facts
+
+
+def engine_secrets(facts: dict, api_key: str) -> dict:
+    """The facts with the API key and the secrets file's lines: kept apart so that only this step is never logged."""
+    read = _Reader({}, facts["engine"])
+    secrets = {SECRET_VARIABLE[facts["engine"]]: api_key} if api_key else {}
+    return dict(facts, api_key=api_key or "", secrets_lines=_escaped(read, "api_key", _systemd_escape.environment_file_line, secrets.items()))
