@@ -91,6 +91,13 @@ class _Reader:
         return value
 
 
+def _port(read: _Reader) -> int:
+    port = read.number("port")
+    if port is None or not 1 <= port <= 65535:
+        read.fail("port", f"give a port from 1 to 65535, got {read.config.get('port')!r}")
+    return port
+
+
 def _common(read: _Reader) -> dict:
     fraction = read.number("memory_fraction", float)
     if fraction is not None and not 0 < fraction <= 1:
@@ -102,11 +109,7 @@ def _common(read: _Reader) -> dict:
         if str(arg).startswith("-") and len(str(arg).split()) > 1 and "=" not in str(arg).split()[0]:
             read.fail("extra_args", f"{arg!r} is one argument holding a space; give the option and its value as two items, "
                                     f"e.g. {str(arg).split(None, 1)!r}")
-    port = read.number("port", minimum=1)
-    if port is None:
-        read.fail("port", "is required")
-    if port > 65535:
-        read.fail("port", f"must be at most 65535, got {port}")
+    port = _port(read)
     return {
         "model": read.text("model", required=True), "served": read.text("served_model_name"), "host": read.text("host") or "127.0.0.1",
         "port": port, "tp": read.number("tensor_parallel_size", minimum=1), "dp": read.number("data_parallel_size", minimum=1),
@@ -201,7 +204,7 @@ def sglang_argv(config: dict) -> list[str]:
     expert = config.get("expert_parallel")
     if expert is True:
         ep_size = common["tp"]
-    elif expert in (None, "", False):
+    elif expert is None or expert is False or expert == "":
         ep_size = None
     else:
         ep_size = read.number("expert_parallel", minimum=1)
@@ -275,9 +278,7 @@ def engine_facts(config: dict, engine: str) -> dict:
     unit = read.text("unit", required=True)
     if not unit.endswith(".service") or "/" in unit or len(unit) <= len(".service"):
         read.fail("unit", f"give a service unit name such as {engine}.service, got {unit!r}")
-    port = read.number("port", minimum=1)
-    if port is None or port > 65535:
-        read.fail("port", f"give a port from 1 to 65535, got {config.get('port')!r}")
+    port = _port(read)
     host = read.text("host") or "127.0.0.1"
     shutdown = read.number("shutdown_timeout", minimum=0)
     if shutdown is None:

@@ -211,7 +211,8 @@ def teardown_run_report(host_reports: dict, run: dict) -> dict:
     hosts = {}
     for host in sorted(host_reports):
         report = host_reports[host]
-        hosts[host] = report if report else {"result": "not_reached", "reason": "not reached: unreachable, or failed before the teardown"}
+        hosts[host] = report if report else dict(teardown_host_report({}), result="not_reached",
+                                                 reason="not reached: unreachable, or failed before the teardown")
     return {
         "schema_version": SCHEMA_VERSION,
         "playbook": "gpu_cleanup",

@@ -1,4 +1,4 @@
-"""Controller-side report shaping, the engine command-line checker, and the lab's node layout."""
+"""The engine command-line checker, the lab's node layout, and the switch playbook's own expressions."""
 
 from __future__ import annotations
 
@@ -10,44 +10,9 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 from conftest import REPO
 
-from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
-
 sys.path.insert(0, str(REPO / "tests" / "sim"))
 import engine_cli  # noqa: E402
 import lab  # noqa: E402
-
-PROCESS = {"pid": 42, "comm": "python3", "cmdline": ["python3", "-m", "sglang.launch_server", "--model-path", "/m"], "gpus": [0], "unit": "x"}
-
-
-def test_teardown_table_lists_hosts_processes_and_failures():
-    reports = {
-        "node1": {"result": "ok", "check_mode": False,
-                  "units": [_reports.unit_summary({"unit": "vllm.service", "changed": True, "state_before": {"ActiveState": "active"},
-                                                   "state_after": {"ActiveState": "inactive"}, "killed": [PROCESS],
-                                                   "triggers_stopped": ["vllm.socket"],
-                                                   "warnings": ["KillMode=process: systemd leaves the unit's other processes running"]})],
-                  "terminated": [_reports.process_summary(PROCESS)], "killed": [], "planned": [],
-                  "protected": [_reports.process_summary(dict(PROCESS, pid=7, comm="nvidia-persiste", reason="protected name x"))],
-                  "memory_before": [{"index": 0, "used_mib": 900}], "memory_after": [{"index": 0, "used_mib": 0}]},
-        "node2": {"result": "failed", "failed_step": "Assert memory | Every selected GPU is free", "reason": "GPU 3 leaked"},
-        "node3": None,
-    }
-    table = _reports.teardown_table(reports)
-    lines = table.splitlines()
-    assert lines[0].split()[:3] == ["host", "result", "units"]
-    assert lines[2].split()[:6] == ["node1", "ok", "vllm.service", "1", "1", "1"]
-    assert "0:900" in lines[2] and "0:0" in lines[2]
-    assert lines[3].startswith("node2  failed") and lines[4].startswith("node3  unreached")
-    assert "node2: FAILED at 'Assert memory | Every selected GPU is free': GPU 3 leaked" in table
-    assert "node1: vllm.service: killed 42 python3 -m sglang.launch_server --model-path /m" in table
-    assert "node1: vllm.service: triggers stopped first: vllm.socket" in table
-    assert "node1: vllm.service: warning: KillMode=process: systemd leaves" in table
-    assert "node1: protected 7 nvidia-persiste (protected name x)" in table
-
-
-def test_check_mode_report_says_what_would_be_signalled():
-    table = _reports.teardown_table({"n": {"result": "ok", "check_mode": True, "units": [], "planned": [_reports.process_summary(PROCESS)]}})
-    assert "n: would signal 42 python3 -m sglang.launch_server" in table
 
 
 @pytest.mark.parametrize(("engine", "argv"), [
@@ -96,7 +61,7 @@ def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
     naming = next(task for task in plays[0]["tasks"] if "ansible.builtin.set_fact" in task)
     run_id = naming["ansible.builtin.set_fact"]["switch_engine_run_id"]
     switching = next(task for task in plays[1]["tasks"] if "rescue" in task)
-    limited = switching["block"][0]["vars"]["engine_switch_run_id"]
+    limited = switching["block"][0]["vars"]["switch_engine_run_id"]
     templar = Templar(loader=DataLoader(), variables={"hostvars": {"localhost": {}}})
     for expression in (run_id.rsplit("-", 1)[1], limited):
         drawn = {templar.template(trust_as_template(expression)) for _draw in range(200)}

@@ -1,0 +1,192 @@
+"""The reports: per-host records, the run documents, the rollout gate and the tables, held against docs/reports.md."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import REPO
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports as reports
+
+PROCESS = {"pid": 42, "comm": "python3", "cmdline": ["python3", "-m", "sglang.launch_server", "--model-path", "/m"], "gpus": [0], "unit": "x"}
+T0 = 1_800_000_000.0
+
+
+def teardown_steps(**extra) -> dict:
+    """Module results as the gpu_teardown role registers them."""
+    return {"check_mode": False,
+            "units": {"results": [{"unit": "vllm.service", "item": "vllm.service", "changed": True, "found": True, "escalated": True,
+                                   "state_before": {"ActiveState": "active"}, "state_after": {"ActiveState": "inactive"},
+                                   "killed": [PROCESS], "terminated": [dict(PROCESS, pid=43)], "triggers_stopped": ["vllm.socket"],
+                                   "warnings": ["KillMode=process: systemd leaves the unit's other processes running"]}]},
+            "holders": {"terminated": [dict(PROCESS, pid=44)], "killed": [dict(PROCESS, pid=45)], "targets": [],
+                        "protected": [dict(PROCESS, pid=7, comm="nvidia-persiste", reason="protected name nvidia-persistenced")],
+                        "stale_nvml_pids": [99]},
+            "before": {"gpus": [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False}]},
+            "after": {"gpus": [{"index": 0, "uuid": "GPU-0", "used_mib": 0, "clean": True}]}, **extra}
+
+
+def switch_record(result="switched", **extra) -> dict:
+    return {"target": "sglang", "found": ["vllm"], "previous": "vllm", "outcome": {"result": result},
+            "marks": [["lease", T0], ["discover", T0 + 1], ["drain", T0 + 2], ["backup", T0 + 2.5], ["teardown", T0 + 3],
+                      ["bring_up", T0 + 6], ["verify", T0 + 16], ["end", T0 + 17]],
+            "lease": {"recovered": None}, "teardown": reports.teardown_host_report(teardown_steps()), **extra}
+
+
+# --- per host --------------------------------------------------------------------------------------------------------------
+def test_switch_record_durations_follow_the_phase_marks():
+    report = reports.switch_host_report(switch_record())
+    assert report["durations_s"] == {"lease": 1.0, "discover": 1.0, "drain": 0.5, "backup": 0.5, "teardown": 3.0, "bring_up": 10.0,
+                                     "verify": 1.0, "total": 17.0}
+    assert report["result"] == "switched" and report["failed_phase"] is None and report["from"] == "vllm"
+    assert [p["pid"] for p in report["killed"]] == [45, 42] and [p["pid"] for p in report["terminated"]] == [44, 43]
+    assert report["started"] == "2027-01-15T08:00:00+00:00"
+
+
+def test_a_rollback_names_the_phase_that_failed_and_keeps_both_teardowns():
+    record = switch_record("rolled_back", outcome={"result": "rolled_back", "reason": "Verify | ...: never ready"},
+                           rollback_teardown=reports.teardown_host_report(teardown_steps(holders={"killed": [dict(PROCESS, pid=77)]})))
+    record["marks"] = record["marks"][:-1] + [["rollback", T0 + 17], ["end", T0 + 30]]
+    report = reports.switch_host_report(record)
+    assert report["failed_phase"] == "verify" and report["durations_s"]["rollback"] == 13.0
+    assert 77 in [p["pid"] for p in report["killed"]]
+
+
+def test_an_unknown_result_is_refused():
+    with pytest.raises(reports.ReportError, match="'done' is not one of"):
+        reports.switch_host_report({"outcome": {"result": "done"}})
+
+
+def test_teardown_record_from_the_module_results():
+    report = reports.teardown_host_report(teardown_steps())
+    assert report["result"] == "ok" and report["units"][0]["escalated"] and report["stale_nvml_pids"] == [99]
+    assert report["planned"] == [], "what would be signalled is listed only in check mode"
+    failed = reports.teardown_host_report(teardown_steps(failed_step="Assert memory | Every selected GPU is free",
+                                                         failure={"msg": "GPU 3 leaked", "failed": True}))
+    assert failed["result"] == "failed" and failed["reason"] == "GPU 3 leaked"
+    looped = reports.failure_reason({"results": [{"failed": False}, {"failed": True, "msg": "unit x refused"}]})
+    assert looped == "unit x refused"
+
+
+# --- the gate --------------------------------------------------------------------------------------------------------------
+def test_the_gate_counts_only_nodes_tried():
+    done = {"node1": {"result": "rolled_back"}, "node2": {"result": "not_reached"}, "node3": None}
+    gate = reports.rollout_gate(done, 0)
+    assert gate["stop"] and gate["tried"] == 1 and gate["failed"] == ["node1"]
+    assert gate["message"].startswith("rollout stopped: 1 of 1 node(s) tried so far did not switch (node1 (rolled_back))")
+
+
+@pytest.mark.parametrize(("results", "allowed", "stop"), [
+    (["switched", "switched"], 0, False),
+    (["switched", "failed"], 0, True),
+    (["switched", "failed"], 50, False),
+    (["switched", "failed", "switched"], 33, True),
+    (["unchanged", "switched", "rollback_failed", "switched"], 25, False),
+    ([], 0, False),
+])
+def test_the_gate_stops_above_the_allowed_share(results, allowed, stop):
+    gate = reports.rollout_gate({f"n{i}": {"result": r} for i, r in enumerate(results)}, allowed)
+    assert gate["stop"] is stop
+
+
+@pytest.mark.parametrize("allowed", ["ten", -1, 101])
+def test_the_gate_refuses_a_bad_share(allowed):
+    with pytest.raises(reports.ReportError, match="switch_engine_max_fail_percentage"):
+        reports.rollout_gate({}, allowed)
+
+
+# --- the documents against docs/reports.md ---------------------------------------------------------------------------------
+ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(terminated|planned)\[\]\.", ".killed[]."),
+           (r"\.protected\[\]\.(?!reason)", ".killed[]."),
+           (r"\.memory_before\[\]\.", ".memory_after[].")]
+
+
+def documented_keys(heading: str) -> set[str]:
+    text = (REPO / "docs" / "reports.md").read_text()
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
+
+
+def key_paths(value, prefix="") -> set[str]:
+    paths = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = "<host>" if prefix == "hosts" else key
+            path = f"{prefix}.{name}" if prefix else name
+            if prefix != "hosts":
+                paths.add(path)
+            if not (prefix.endswith("durations_s") or path.endswith(("durations_s", "recovered_lease"))):
+                paths |= key_paths(item, path)
+    elif isinstance(value, list):
+        for item in value:
+            paths |= key_paths(item, prefix + "[]")
+    return paths
+
+
+def aliased(path: str) -> str:
+    for pattern, replacement in ALIASES:
+        path = re.sub(pattern, replacement, path)
+    return path
+
+
+def assert_matches_docs(document: dict, heading: str):
+    documented = documented_keys(heading)
+    produced = {aliased(path) for path in key_paths(document)}
+    assert produced - documented == set(), "produced but not documented"
+    assert documented - produced == set(), "documented but not produced"
+
+
+def test_the_switch_document_matches_its_documentation():
+    hosts = {"node1": reports.switch_host_report(switch_record()), "node2": None}
+    document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
+                                                 "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
+                                                                "max_fail_percentage": 0}})
+    assert document["schema_version"] == 1 and document["hosts"]["node2"]["result"] == "not_reached"
+    assert document["summary"] == {"hosts": 2, "switched": 1, "unchanged": 0, "rolled_back": 0, "rollback_failed": 0, "failed": 0,
+                                   "not_reached": 1}
+    assert set(document["hosts"]["node2"]) == set(document["hosts"]["node1"]), "a host not reached has every key"
+    assert_matches_docs(document, "switch_engine.json")
+
+
+def test_the_cleanup_document_matches_its_documentation():
+    hosts = {"node1": reports.teardown_host_report(teardown_steps()), "node2": None}
+    document = reports.teardown_run_report(hosts, {"started": T0, "finished": T0 + 5,
+                                                   "parameters": {"hosts": "gpu_nodes", "limit": None, "max_fail_percentage": 100}})
+    assert document["summary"] == {"hosts": 2, "ok": 1, "failed": 0, "not_reached": 1}
+    assert set(document["hosts"]["node2"]) == set(document["hosts"]["node1"])
+    assert_matches_docs(document, "gpu_cleanup.json")
+
+
+# --- the tables ------------------------------------------------------------------------------------------------------------
+def test_teardown_table_lists_hosts_processes_and_failures():
+    hosts = {"node1": reports.teardown_host_report(teardown_steps()),
+             "node2": reports.teardown_host_report(teardown_steps(failed_step="Assert memory | Every selected GPU is free",
+                                                                  failure={"msg": "GPU 3 leaked"})),
+             "node3": None}
+    table = reports.teardown_table(reports.teardown_run_report(hosts, {}))
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["host", "result", "units"]
+    assert lines[2].split()[:6] == ["node1", "ok", "vllm.service", "2", "2", "1"]
+    assert "0:900" in lines[2] and "0:0" in lines[2]
+    assert lines[4].startswith("node3  not_reached")
+    assert "node2: FAILED at 'Assert memory | Every selected GPU is free': GPU 3 leaked" in table
+    assert "node1: vllm.service: killed 42 python3 -m sglang.launch_server --model-path /m" in table
+    assert "node1: vllm.service: triggers stopped first: vllm.socket" in table
+    assert "node1: protected 7 nvidia-persiste (protected name nvidia-persistenced)" in table
+
+
+def test_check_mode_table_says_what_would_be_signalled():
+    host = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [PROCESS]}))
+    assert "n: would signal 42 python3 -m sglang.launch_server" in reports.teardown_table({"hosts": {"n": host}})
+
+
+def test_switch_table_rows_and_details():
+    record = switch_record("rollback_failed", outcome={"result": "rollback_failed", "reason": "Bring up | ...: exit 1",
+                                                       "rollback_error": "Rollback | Start the previous engine: failed"})
+    record["found"] = ["vllm", "sglang"]
+    table = reports.switch_table({"hosts": {"node1": reports.switch_host_report(record), "node2": reports.not_reached_report("sglang", "x")}})
+    lines = table.splitlines()
+    assert lines[2].split()[:4] == ["node1", "vllm", "sglang", "rollback_failed"] and lines[3].split()[:4] == ["node2", "-", "sglang", "not_reached"]
+    assert "node1: ROLLBACK FAILED, NO ENGINE IS SERVING: Rollback | Start the previous engine: failed" in table
+    assert "node1: engines found running: vllm, sglang" in table and "node1: rollback_failed at verify: Bring up" in table
