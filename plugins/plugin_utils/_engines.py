@@ -260,6 +260,7 @@ def probe_url(host: str, port: int) -> str:
 
 
 def _escaped(read: _Reader, key: str, escape, items) -> list[str]:
+    """escape(*item) for each item; a value systemd cannot carry is refused naming the role variable."""
     try:
         return [escape(*item) for item in items]
     except _systemd_escape.SystemdEscapeError as error:
@@ -310,11 +311,13 @@ def engine_facts(config: dict, engine: str) -> dict:
     if not facts["configured"]:
         return facts
     argv = launcher(config, engine) + engine_argv(config, engine)
+    # the one word systemd must expand: SGLang's key, right after the first --api-key (the role's own, before extra_args)
+    expand = frozenset([argv.index("--api-key") + 1]) if engine == "sglang" and api_key else frozenset()
     environment = read.mapping("environment")
     facts.update({
         "executable": argv[0],
         "argv": argv,
-        "exec_start": _escaped(read, "extra_args", lambda *words: _systemd_escape.exec_line(list(words)), [argv])[0],
+        "exec_start": _escaped(read, "extra_args", lambda words: _systemd_escape.exec_line(words, expand), [[argv]])[0],
         "environment": {str(name): str(value) for name, value in environment.items()},
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment, sorted(environment.items())),
         "speculative": speculative(read),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 
-# Left for systemd to expand: the API-key reference SGLang's command line carries.
 ENVIRONMENT_REFERENCE = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 ENVIRONMENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -46,21 +45,23 @@ def _c_escape(text: str) -> str:
     return "".join(out)
 
 
-def exec_word(arg) -> str:
-    """One ExecStart= argument, exactly as given; a whole ``${NAME}`` word is left for systemd to expand."""
+def exec_word(arg, expand: bool = False) -> str:
+    """One ExecStart= argument, exactly as given; with ``expand``, a ``${NAME}`` word systemd replaces by its value."""
     text = str(arg)
+    if expand:
+        if not ENVIRONMENT_REFERENCE.match(text):
+            raise SystemdEscapeError(f"{text!r} is not a ${{NAME}} reference")
+        return f'"{text}"'
     if text == ";":
         return "\\;"  # a lone ';', quoted or not, would end the command
-    escaped = _c_escape(text).replace("%", "%%")
-    if not ENVIRONMENT_REFERENCE.match(text):
-        escaped = escaped.replace("$", "$$")
-    return f'"{escaped}"'
+    return '"{}"'.format(_c_escape(text).replace("%", "%%").replace("$", "$$"))
 
 
-def exec_line(argv: list) -> str:
+def exec_line(argv: list, expand: frozenset = frozenset()) -> str:
+    """ExecStart= from an argv; the words at the indexes in ``expand`` are references systemd expands."""
     if not argv:
         raise SystemdEscapeError("an empty command line")
-    return " ".join(exec_word(arg) for arg in argv)
+    return " ".join(exec_word(arg, index in expand) for index, arg in enumerate(argv))
 
 
 def check_environment_name(name) -> str:

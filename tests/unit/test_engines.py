@@ -229,9 +229,16 @@ def test_environment_file_escapes_exactly_what_systemd_unescapes():
     assert escape.environment_file_line("K", 'a\\b"c`d$e\'f g') == 'K="a\\\\b\\"c\\`d\\$e\'f g"'
 
 
-def test_the_sglang_key_reference_is_left_for_systemd_to_expand():
-    assert escape.exec_word(engines.SGLANG_API_KEY_REFERENCE) == '"${SGLANG_API_KEY}"'
-    assert escape.exec_word("${HOME}") == '"${HOME}"' and escape.exec_word("x${HOME}") == '"x$${HOME}"'
+def test_only_the_roles_own_key_reference_is_left_for_systemd_to_expand():
+    """Found on real systemd: a user's argument `${HOME}` reached the engine as /root when every whole-word reference
+    was left unescaped. Only the word after the role's own --api-key is a reference."""
+    facts = engines.engine_facts(config("sglang", api_key="k", extra_args=["--api-key", "${SGLANG_API_KEY}", "--chat-template", "${HOME}"]),
+                                 "sglang")
+    words = facts["exec_start"].split(" ")
+    assert words.count('"${SGLANG_API_KEY}"') == 1 and words.count('"$${SGLANG_API_KEY}"') == 1 and '"$${HOME}"' in words
+    assert escape.exec_word("${HOME}") == '"$${HOME}"'
+    with pytest.raises(escape.SystemdEscapeError):
+        escape.exec_word("$HOME x", expand=True)
 
 
 # Through Ansible 2.19's templating the refusal reaches the user, not "CapturedExceptionMarker": the cases found lost
