@@ -37,7 +37,7 @@ def main() -> int:
         print(f"   3 nodes serve vLLM ({seconds:.0f}s)")
     print("\n== switch_engine.yml -e target=sglang ==")
     rc, seconds = switch("sglang", quiet=False)
-    print(f"\nswitch_engine.yml took {seconds:.0f}s; JSON report: {REPO / 'build' / 'reports' / 'switch_engine.json'}")
+    print(f"\nswitch_engine.yml took {seconds:.0f}s; JSON report: {REPO / 'reports' / 'switch_engine.json'} (docs/reports.md)")
     print("run `make demo` again: the lab is reused, SGLang already serves, and nothing changes. `make lab-down` removes it.")
     return rc
 
