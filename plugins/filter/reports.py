@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Filters building the teardown and switch reports and the rollout gate (see plugins/plugin_utils/_reports.py).
+"""Filters building the teardown and switch reports (see plugins/plugin_utils/_reports.py).
 
 The documents they build are described key by key in docs/reports.md.
 """
@@ -30,4 +30,4 @@ class FilterModule:
     def filters(self):
         return {name: _clear_errors(getattr(_reports, name)) for name in (
             "teardown_host_report", "teardown_run_report", "teardown_table",
-            "switch_host_report", "switch_run_report", "switch_table", "not_reached_report", "rollout_gate", "failure_reason")}
+            "switch_host_report", "switch_run_report", "switch_table", "not_reached_report", "failure_reason")}

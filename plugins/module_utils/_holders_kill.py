@@ -116,8 +116,11 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
         implausible = [str(entry["pid"]) for entry in stale if entry["reason"] == IMPLAUSIBLE_PID]
         if implausible:
             warnings.append(f"NVML listed implausible PIDs {', '.join(implausible)}: ignored, never signalled")
-        if not in_init_pid_namespace():
-            warnings.append("this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs were used only where /proc confirms a holder")
+        unconfirmed = [str(entry["pid"]) for entry in stale if entry["reason"] != IMPLAUSIBLE_PID]
+        if unconfirmed and not in_init_pid_namespace():
+            # only then does the namespace change the outcome: these may be live holders seen under their host PIDs
+            warnings.append(f"this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs {', '.join(unconfirmed)} "
+                            "are not processes of this namespace and were not signalled")
     if inventory is None:
         warnings.append("NVML not queried: holders are reported by device file, without GPU indexes")
 

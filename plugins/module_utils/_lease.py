@@ -71,13 +71,17 @@ class LeaseStore:
     def _expired(self, record: dict) -> bool:
         return record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
 
-    def acquire(self, owner: str, lease_seconds: float, wait_timeout: float, dry_run: bool = False) -> Acquired:
+    def acquire(self, owner: str, lease_seconds: float, wait_timeout: float, dry_run: bool = False,
+                break_owner: str | None = None) -> Acquired:
+        """Take or renew the lease. ``break_owner``: a holder known to be dead, whose lease is taken over at once
+        (only that exact owner: a lease that changed hands meanwhile is waited for like any other)."""
         deadline = time.monotonic() + wait_timeout
         while True:
             fd = self._locked()
             try:
                 current = self._read()
-                free = current is None or current["owner"] == owner or self._expired(current)
+                broken = bool(current and break_owner and current["owner"] == break_owner and break_owner != owner)
+                free = current is None or current["owner"] == owner or self._expired(current) or broken
                 if free:
                     recovered = current if current and current["owner"] != owner else None
                     now = self.clock()
@@ -86,7 +90,7 @@ class LeaseStore:
                     if not dry_run:
                         self._write(record)
                     taken = current is None or recovered is not None
-                    return Acquired(taken, self._view(record), recovered and {"owner": recovered["owner"]})
+                    return Acquired(taken, self._view(record), recovered and {"owner": recovered["owner"], "broken": broken})
             finally:
                 os.close(fd)
             if time.monotonic() >= deadline:

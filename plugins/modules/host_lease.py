@@ -49,6 +49,11 @@ options:
     description: Seconds to wait for another owner's lease to be released or to expire.
     type: float
     default: 0
+  break_owner:
+    description:
+      - An owner known to be dead (its controller was interrupted) whose lease is taken over at once, without waiting
+        for it to expire. Only a lease held by exactly this owner is broken; RV(recovered) names it.
+    type: str
 seealso:
   - module: gpufleet.serving.engine_ready
 """
@@ -69,7 +74,7 @@ holder:
   returned: always
   type: dict
 recovered:
-  description: The expired lease of a dead run that was taken over, if any.
+  description: The lease of a dead run that was taken over - expired, or broken through O(break_owner) (C(broken) true) - if any.
   returned: always
   type: dict
 waited:
@@ -91,6 +96,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["acquired", "released"], default="acquired"),
     lease_seconds=dict(type="float", default=3600),
     wait_timeout=dict(type="float", default=0),
+    break_owner=dict(type="str"),
 )
 
 
@@ -104,7 +110,8 @@ def main() -> None:
         released = store.release(params["owner"], dry_run=module.check_mode)
         module.exit_json(changed=released, holder=None, recovered=None, waited=0.0)
     started = time.monotonic()
-    outcome = store.acquire(params["owner"], params["lease_seconds"], params["wait_timeout"], dry_run=module.check_mode)
+    outcome = store.acquire(params["owner"], params["lease_seconds"], params["wait_timeout"], dry_run=module.check_mode,
+                            break_owner=params["break_owner"])
     waited = time.monotonic() - started
     if outcome.holder["owner"] != params["owner"]:
         module.fail_json(msg=f"{params['name']} is held by {outcome.holder['owner']} (taken {outcome.holder['age']:.0f}s ago, expires in "

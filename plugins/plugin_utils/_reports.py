@@ -17,9 +17,9 @@ SCHEMA_VERSION = 1
 CMDLINE_WIDTH = 60
 
 # switch_engine results, per host
-SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, NOT_REACHED = (
-    "switched", "unchanged", "rolled_back", "rollback_failed", "failed", "not_reached")
-SWITCH_RESULTS = (SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, NOT_REACHED)
+SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED = (
+    "switched", "unchanged", "rolled_back", "rollback_failed", "failed", "unreachable", "not_reached")
+SWITCH_RESULTS = (SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED)
 # the phases of a switch, in order; a host's durations are keyed by them
 PHASES = ("lease", "discover", "drain", "backup", "teardown", "bring_up", "verify", "rollback")
@@ -151,30 +151,6 @@ def not_reached_report(target: str | None, reason: str) -> dict:
     return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {},
             "terminated": [], "killed": []}
-
-
-# --- the rollout gate ---------------------------------------------------------------------------------------------------
-def rollout_gate(reports: dict, max_fail_percentage) -> dict:
-    """Whether the next batch may start: the failed share of the hosts switched so far against the allowed share.
-
-    Hosts left ``not_reached`` were never tried and count neither way.
-    """
-    try:
-        allowed = float(max_fail_percentage)
-    except (TypeError, ValueError):
-        raise ReportError(f"switch_engine_max_fail_percentage: {max_fail_percentage!r} is not a number") from None
-    if not 0 <= allowed <= 100:
-        raise ReportError(f"switch_engine_max_fail_percentage: must be between 0 and 100, got {max_fail_percentage!r}")
-    tried = {host: report for host, report in (reports or {}).items() if report and report.get("result") != NOT_REACHED}
-    failed = sorted(host for host, report in tried.items() if report.get("result") not in SWITCH_SUCCESSES)
-    share = 100.0 * len(failed) / len(tried) if tried else 0.0
-    stop = bool(failed) and share > allowed
-    message = None
-    if stop:
-        named = ", ".join(f"{host} ({tried[host].get('result')})" for host in failed)
-        message = (f"rollout stopped: {len(failed)} of {len(tried)} node(s) tried so far did not switch ({named}); "
-                   f"{share:.0f} % is above switch_engine_max_fail_percentage {allowed:g} %")
-    return {"stop": stop, "tried": len(tried), "failed": failed, "failed_percentage": round(share, 1), "message": message}
 
 
 # --- the run documents --------------------------------------------------------------------------------------------------

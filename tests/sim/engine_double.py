@@ -26,6 +26,7 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
   health_never_green         /health (and /health_generate, /ready) answer 503 forever
   spec_acceptance (0.7)      share of drafted tokens accepted (low values: the drafter slows things down)
   exit_on_start              exit 1 right after parsing, as on a bad model path
+  ignore_busy_gpus           start even when another process uses the GPUs (two engines on one node after a reboot)
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class Server:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
             total_mib, used_mib = memory.total >> 20, memory.used >> 20
-            if used_mib > total_mib * (1 - self.settings.memory_fraction):
+            if used_mib > total_mib * (1 - self.settings.memory_fraction) and not self.faults.get("ignore_busy_gpus"):
                 fail(f"ValueError: Free memory on device cuda:{rank} ({(total_mib - used_mib) / 1024:.2f}/{total_mib / 1024:.2f} GiB) on "
                      f"startup is less than desired GPU memory utilization ({self.settings.memory_fraction}, "
                      f"{total_mib * self.settings.memory_fraction / 1024:.2f} GiB).")

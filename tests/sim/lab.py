@@ -232,7 +232,9 @@ def write_inventory(ports: dict[str, int], key: Path, gpus: int) -> None:
     lines = ["[gpu_nodes]"]
     lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port}" for name, port in ports.items()]
     lines += ["", "[gpu_nodes:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
-              "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'",
+              # keepalives: a node that dies mid-task is found unreachable in 15 s, not when TCP gives up
+              "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
+              "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'",
               "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}", *engine_settings(gpus)]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 

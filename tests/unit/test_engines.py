@@ -267,3 +267,20 @@ def test_the_roles_refusals_reach_the_user_through_ansible(engine, tmp_path):
         expected = message.format(e=engine, **NAMES[engine])
         written = (tmp_path / f"case{index}.msg").read_text()
         assert expected in written and "CapturedExceptionMarker" not in written, f"case{index}: {written!r}"
+
+
+@pytest.mark.parametrize(("variables", "expected"), [
+    ({"vllm_tensor_parallel_size": "eight"}, "vllm role: argument 'vllm_tensor_parallel_size' is of type str and we were unable to convert to int"),
+    ({"vllm_restart": "sometimes"}, "vllm role: value of vllm_restart must be one of: always, on-failure, on-abnormal, no, got: sometimes"),
+    ({"vllm_port": "http"}, "vllm role: argument 'vllm_port' is of type str and we were unable to convert to int"),
+])
+def test_a_bad_engine_variable_is_one_short_line_naming_it(variables, expected):
+    """Ansible's own role-argument check fails with the whole argument spec in its result (5 kB on one line)."""
+    from ansible_collections.gpufleet.serving.plugins.filter.arguments import role_argument_errors
+    errors = role_argument_errors("vllm", {**variables, "unrelated": object()}, "facts")
+    assert len(errors) == 1 and errors[0].startswith(expected) and len(errors[0]) < 300, errors
+
+
+def test_variables_in_their_documented_forms_pass():
+    from ansible_collections.gpufleet.serving.plugins.filter.arguments import role_argument_errors
+    assert role_argument_errors("sglang", {"sglang_tensor_parallel_size": "8", "sglang_speculative": {"draft_model": "d"}}, "facts") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -56,13 +57,13 @@ def test_lab_minors_are_permutations_and_differ_on_every_second_node(gpus):
 def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
     """Two runs sharing a run id would share the node lease. Jinja binds `2**32 | random` as `2 ** (32 | random)`,
     32 possible values; the playbook's expressions must draw from the whole range."""
-    text = (REPO / "playbooks" / "switch_engine.yml").read_text()
-    plays = yaml.safe_load(text)
-    naming = next(task for task in plays[0]["tasks"] if "ansible.builtin.set_fact" in task)
-    run_id = naming["ansible.builtin.set_fact"]["switch_engine_run_id"]
-    switching = next(task for task in plays[1]["tasks"] if "rescue" in task)
-    limited = switching["block"][0]["vars"]["switch_engine_run_id"]
+    plays = yaml.safe_load((REPO / "playbooks" / "switch_engine.yml").read_text())
+    naming = next(task for task in plays[0]["tasks"] if "switch_engine_run_id" in task.get("ansible.builtin.set_fact", {}))
+    on_node = next(task for task in plays[1]["tasks"] if "__switch_engine_run_id" in task.get("ansible.builtin.set_fact", {}))
+    expressions = [naming["ansible.builtin.set_fact"]["switch_engine_run_id"], on_node["ansible.builtin.set_fact"]["__switch_engine_run_id"]]
+    tokens = [re.search(r"run_owner\((.*)\)\) }}$|run_owner\((.*)\) }}$", expression) for expression in expressions]
     templar = Templar(loader=DataLoader(), variables={"hostvars": {"localhost": {}}})
-    for expression in (run_id.rsplit("-", 1)[1], limited):
-        drawn = {templar.template(trust_as_template(expression)) for _draw in range(200)}
-        assert len(drawn) > 190, f"{expression}: only {len(drawn)} distinct values in 200 draws"
+    for match in tokens:
+        token = "{{ " + (match.group(1) or match.group(2)) + " }}"
+        drawn = {templar.template(trust_as_template(token)) for _draw in range(200)}
+        assert len(drawn) > 190, f"{token}: only {len(drawn)} distinct values in 200 draws"

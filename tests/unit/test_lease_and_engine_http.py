@@ -51,8 +51,18 @@ def test_waiting_run_gets_an_expired_lease_and_names_the_dead_owner(store, monke
 
     leases.sleep = sleep
     taken = leases.acquire("next-run", 60, wait_timeout=120)
-    assert taken.taken and taken.recovered == {"owner": "dead-run"}
+    assert taken.taken and taken.recovered == {"owner": "dead-run", "broken": False}
     assert 29 <= clock.now - 100 <= 31
+
+
+def test_a_dead_owner_is_broken_at_once_and_only_that_owner(store):
+    """An interrupted run's lease is taken over without waiting for its expiry - but only the owner named dead."""
+    leases, _clock = store
+    leases.acquire("interrupted-run", 600, 0)
+    assert not leases.acquire("next-run", 60, 0, break_owner="some-other-run").taken, "a lease that changed hands is waited for"
+    taken = leases.acquire("next-run", 60, 0, break_owner="interrupted-run")
+    assert taken.taken and taken.recovered == {"owner": "interrupted-run", "broken": True}
+    assert not leases.acquire("next-run", 60, 0, break_owner="next-run").taken, "renewing one's own lease breaks nothing"
 
 
 def test_check_mode_acquire_writes_nothing(store):

@@ -183,3 +183,39 @@ def test_watch_passes_when_memory_frees_and_stops_early_on_a_lost_gpu():
     lost = {"driver_version": "x", "gpus": [{"index": 0, "status": "lost", "processes": []}]}
     stopped = memory.watch(lambda: lost, request, [0], lost, FakeClock())
     assert not stopped.assessment.passed and stopped.attempts == 1 and not stopped.timed_out
+
+
+class _Nvml:
+    """An NVML client that lists the given processes on GPU 0."""
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def __call__(self, _timeout):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        return False
+
+    def inventory(self):
+        return {"gpus": [{"index": 0, "uuid": "GPU-0", "minor": 0, "processes": self.processes}]}
+
+
+@pytest.mark.parametrize(("namespaced", "processes", "warned"), [
+    (True, [], False),  # the lab's case: a PID namespace, NVML lists nothing unconfirmed - nothing to say
+    (False, [{"pid": 4_000_000 - 7, "used_mib": 10, "type": "compute"}], False),
+    (True, [{"pid": 4_000_000 - 7, "used_mib": 10, "type": "compute"}], True),
+])
+def test_the_pid_namespace_warning_only_where_it_changes_the_outcome(monkeypatch, tmp_path, namespaced, processes, warned):
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
+    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+    monkeypatch.setattr(_holders_kill, "in_init_pid_namespace", lambda: not namespaced)
+    (tmp_path / "nvidia0").write_bytes(b"")
+    request = _holders_kill.KillRequest(gpus=None, device_paths=[str(tmp_path / "nvidia*")], sources=["proc", "nvml"], protected=[],
+                                        protected_pids=[], term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False,
+                                        nvml_timeout=5, lock_timeout=1)
+    plan = _holders_kill.observe(request, _Nvml(processes), ProcReader())
+    assert any("PID namespace" in warning for warning in plan.warnings) is warned, plan.warnings

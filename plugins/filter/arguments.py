@@ -1,0 +1,43 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The role_argument_errors filter: a role's variables checked against its argument specs, one short line per error.
+
+Ansible's own check of a role's arguments fails with the whole argument spec in its result (kilobytes on one line);
+callers that check first can name just the variable at fault and the form it takes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+ROLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "roles")
+
+
+def _options(role: str, entry_point: str) -> dict:
+    path = os.path.join(ROLES, role, "meta", "argument_specs.yml")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)["argument_specs"][entry_point]["options"]
+    except (OSError, KeyError, TypeError) as error:
+        raise AnsibleFilterError(f"no argument specs for role {role!r}, entry point {entry_point!r}: {error}") from None
+
+
+def role_argument_errors(role: str, variables, entry_point: str = "main") -> list[str]:
+    """Errors of the role's variables that are set (inventory, extra vars), as '<role> role: <message>' lines."""
+    options = _options(role, entry_point)
+    spec = {name: {key: value for key, value in option.items() if key not in ("description", "version_added")}
+            for name, option in options.items()}
+    given = {name: variables[name] for name in spec if name in variables}
+    result = ArgumentSpecValidator(spec).validate(given)
+    return [f"{role} role: {message}" for message in result.error_messages]
+
+
+class FilterModule:
+    def filters(self):
+        return {"role_argument_errors": role_argument_errors}
