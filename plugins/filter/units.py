@@ -13,7 +13,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import p
 
 def unit_states(stdout: str, units: list) -> dict:
     """systemctl prints one block of KEY=VALUE lines per unit asked, in the order asked, blocks apart by a blank line."""
-    blocks = [block for block in str(stdout).strip("\n").split("\n\n")]
+    blocks = str(stdout).strip("\n").split("\n\n")
     if len(blocks) != len(units):
         raise AnsibleFilterError(f"systemctl show printed {len(blocks)} block(s) for {len(units)} unit(s): {stdout!r}")
     return {unit: parse_show(block) for unit, block in zip(units, blocks)}

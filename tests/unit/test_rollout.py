@@ -91,8 +91,6 @@ def test_the_gate_refuses_a_bad_share(allowed):
         rollout.rollout_gate({}, allowed)
 
 
-
-
 # --- lease owners ----------------------------------------------------------------------------------------------------------
 def test_a_run_of_this_controller_is_gone_once_its_process_is():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
