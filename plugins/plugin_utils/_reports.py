@@ -22,7 +22,7 @@ SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REAC
 SWITCH_RESULTS = (SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED)
 # the phases of a switch, in order; a host's durations are keyed by them
-PHASES = ("lease", "discover", "drain", "backup", "teardown", "bring_up", "verify", "rollback")
+PHASES = ("lease", "discover", "backup", "drain", "teardown", "bring_up", "verify", "rollback")
 # gpu_cleanup results, per host
 TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
 
