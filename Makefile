@@ -18,7 +18,7 @@ help:
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
-	@echo "make molecule  start a 2-node simulated lab, run every Molecule scenario on it, remove it"
+	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
 	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
 
 $(BIN)/python:
@@ -68,9 +68,6 @@ docs:
 unit:
 	$(BIN)/python -m pytest -q tests
 
-# reset clears the state Molecule keeps between runs (a stale "prepared" would skip prepare).
-MOLECULE := PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/molecule
-MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 NODES ?= 3
 GPUS ?= 8
 
@@ -80,14 +77,9 @@ lab-up:
 lab-down:
 	$(BIN)/python tests/sim/lab.py down
 
+# Every scenario, in two lanes of 2-node labs side by side (tests/tools/run_molecule.py; SCENARIOS=... for some).
 molecule:
-	$(BIN)/python tests/sim/lab.py up --nodes 2 --gpus 8
-	@rc=0; for scenario in $(MOLECULE_SCENARIOS); do \
-		start=$$(date +%s); log=build/molecule-$$scenario.log; \
-		if { $(MOLECULE) reset -s $$scenario && $(MOLECULE) test -s $$scenario; } > $$log 2>&1; \
-		then echo "molecule $$scenario: passed in $$(( $$(date +%s) - start ))s"; \
-		else echo "molecule $$scenario: FAILED ($$log)"; sed 's/\x1b\[[0-9;]*m//g' $$log | grep -B3 -A25 -E 'fatal:|ERROR|Traceback' | cut -c1-300 | head -150; rc=1; fi; \
-	done; $(BIN)/python tests/sim/lab.py down; exit $$rc
+	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
 test: lint docs sanity unit molecule
 

@@ -8,7 +8,8 @@
 Each node runs systemd as PID 1, sshd, Python with nvidia-ml-py, the simulated libnvidia-ml.so.1, N simulated GPUs
 (/dev/nvidia0..N-1, /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-caps/*; minors permuted against NVML indexes on
 every second node) and the engine doubles under the real entry points (`vllm serve`, `python -m
-sglang.launch_server`, `sglang serve`). The inventory goes to build/lab/inventory.ini (group gpu_nodes).
+sglang.launch_server`, `sglang serve`). The inventory goes to build/lab/inventory.ini (group gpu_nodes); GPUFLEET_LAB and
+GPUFLEET_LAB_PORT start another lab beside it (build/<name>/, containers gpufleet-<name>-nodeN).
 The image is built once from Debian packages (debootstrap) and tagged with a hash of its recipe.
 """
 
@@ -27,10 +28,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-BUILD = REPO / "build" / "lab"
+# Several labs can run side by side (CI runs the Molecule scenarios in two lanes): GPUFLEET_LAB names one (default
+# "lab": build/lab/, containers gpufleet-lab-nodeN) and GPUFLEET_LAB_PORT its first SSH port on 127.0.0.1.
+LAB_NAME = os.environ.get("GPUFLEET_LAB") or "lab"
+if not LAB_NAME.replace("-", "").isalnum():
+    raise SystemExit(f"GPUFLEET_LAB must be letters, digits and '-', got {LAB_NAME!r}")
+BUILD = REPO / "build" / LAB_NAME
 IMAGE_NAME = "localhost/gpufleet-lab-node"
-CONTAINER_PREFIX = "gpufleet-lab-"
-FIRST_SSH_PORT = 2221
+CONTAINER_PREFIX = f"gpufleet-{LAB_NAME}-"
+FIRST_SSH_PORT = int(os.environ.get("GPUFLEET_LAB_PORT") or 2221)
 RECIPE_VERSION = "3"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
@@ -230,8 +236,10 @@ def engine_settings(gpus: int) -> list[str]:
 
 def write_inventory(ports: dict[str, int], key: Path, gpus: int) -> None:
     lines = ["[gpu_nodes]"]
-    lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port}" for name, port in ports.items()]
-    lines += ["", "[gpu_nodes:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
+    # gpufleet_lab_*: where tests find a node's fault file and container (not used by the collection)
+    lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port} gpufleet_lab_container={CONTAINER_PREFIX}{name}"
+              for name, port in ports.items()]
+    lines += ["", "[gpu_nodes:vars]", f"gpufleet_lab_dir={BUILD}", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
               # keepalives: a node that dies mid-task is found unreachable in 15 s, not when TCP gives up
               "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
               "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'",

@@ -12,8 +12,10 @@ from ansible.template import Templar, trust_as_template
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "sim"))
+sys.path.insert(0, str(REPO / "tests" / "tools"))
 import engine_cli  # noqa: E402
 import lab  # noqa: E402
+import run_molecule  # noqa: E402
 
 
 @pytest.mark.parametrize(("engine", "argv"), [
@@ -67,3 +69,20 @@ def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
         token = "{{ " + (match.group(1) or match.group(2)) + " }}"
         drawn = {templar.template(trust_as_template(token)) for _draw in range(200)}
         assert len(drawn) > 190, f"{token}: only {len(drawn)} distinct values in 200 draws"
+
+
+def test_molecule_lanes_hold_every_scenario_once_longest_first_onto_the_lightest_lane():
+    names = run_molecule.scenarios()
+    assert {"switch_engine", "switch_faults", "teardown_units"} <= set(names)
+    plan = run_molecule.plan_lanes(names, 2)
+    assert sorted(name for lane in plan for name in lane) == sorted(names)
+
+    def load(lane):
+        return sum(run_molecule.EXPECTED_SECONDS.get(name, run_molecule.DEFAULT_SECONDS) for name in lane)
+
+    # the two longest scenarios never share a lane; the lanes differ by less than the longest scenario
+    assert {plan[0][0], plan[1][0]} == {"switch_faults", "switch_engine"}
+    assert abs(load(plan[0]) - load(plan[1])) < max(run_molecule.EXPECTED_SECONDS.values())
+    assert run_molecule.plan_lanes(["new_scenario"], 2) == [["new_scenario"]]
+    assert run_molecule.plan_lanes(names, 1) == [sorted(names, key=lambda n: (-run_molecule.EXPECTED_SECONDS.get(n, 120), n))]
+

@@ -1,0 +1,120 @@
+"""Run every Molecule scenario on simulated labs, in parallel lanes: `make molecule` (what CI runs).
+
+    python tests/tools/run_molecule.py [--lanes 2] [SCENARIO ...]
+
+Each lane gets its own 2-node lab (GPUFLEET_LAB=laneN, SSH ports from 2221 + 100 * (N - 1)) and runs its scenarios
+one after the other; the lanes run side by side. Most of a scenario's time is spent waiting on the nodes (engines
+loading and draining, deadlines, SSH round trips), so two lanes on two cores take about half the time of one.
+A scenario's log is build/molecule-<scenario>.log; a failed one prints its failing tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = REPO / "tests" / "sim" / "lab.py"
+BIN = Path(sys.executable).parent
+# Longest first, measured on 2 cores; scenarios not listed are placed by the same rule with this default.
+EXPECTED_SECONDS = {"switch_faults": 600, "switch_engine": 420, "teardown_units": 220, "engine_units": 100,
+                    "engine_install": 100, "teardown_faults": 75}
+DEFAULT_SECONDS = 120
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def scenarios() -> list[str]:
+    return sorted(path.parent.name for path in (REPO / "molecule").glob("*/molecule.yml"))
+
+
+def plan_lanes(names: list[str], lanes: int) -> list[list[str]]:
+    """Longest scenario first onto the lane with the least expected time."""
+    plan: list[list[str]] = [[] for _ in range(lanes)]
+    load = [0] * lanes
+    for name in sorted(names, key=lambda n: (-EXPECTED_SECONDS.get(n, DEFAULT_SECONDS), n)):
+        lane = load.index(min(load))
+        plan[lane].append(name)
+        load[lane] += EXPECTED_SECONDS.get(name, DEFAULT_SECONDS)
+    return [lane for lane in plan if lane]
+
+
+def lab_env(lane: int) -> dict[str, str]:
+    return {**os.environ, "GPUFLEET_LAB": f"lane{lane}", "GPUFLEET_LAB_PORT": str(2221 + 100 * (lane - 1)),
+            "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+
+
+def failing_tasks(log: Path) -> str:
+    lines = ANSI.sub("", log.read_text(errors="replace")).splitlines()
+    shown: list[str] = []
+    for index, line in enumerate(lines):
+        if re.search(r"fatal:|ERROR|Traceback", line):
+            shown += [text[:300] for text in lines[max(0, index - 3):index + 25]] + ["..."]
+    return "\n".join(shown[:150])
+
+
+def run_lane(lane: int, names: list[str], results: dict[str, tuple[bool, float]], print_lock: threading.Lock) -> None:
+    env = lab_env(lane)
+    up = subprocess.run([sys.executable, str(LAB), "up", "--nodes", "2", "--gpus", "8"], env=env, capture_output=True, text=True, check=False)
+    if up.returncode != 0:
+        with print_lock:
+            print(f"lane {lane}: lab did not start:\n{up.stdout}{up.stderr}", flush=True)
+        results.update({name: (False, 0.0) for name in names})
+        return
+    try:
+        for name in names:
+            started = time.monotonic()
+            log = REPO / "build" / f"molecule-{name}.log"
+            with log.open("w") as out:
+                # reset: Molecule keeps state between runs (a stale "prepared" would skip prepare)
+                passed = all(subprocess.run([str(BIN / "molecule"), step, "-s", name], cwd=REPO, env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, check=False).returncode == 0 for step in ("reset", "test"))
+            seconds = time.monotonic() - started
+            results[name] = (passed, seconds)
+            with print_lock:
+                if passed:
+                    print(f"molecule {name}: passed in {seconds:.0f}s (lane {lane})", flush=True)
+                else:
+                    print(f"molecule {name}: FAILED in {seconds:.0f}s (lane {lane}, {log})\n{failing_tasks(log)}", flush=True)
+    finally:
+        subprocess.run([sys.executable, str(LAB), "down"], env=env, stdout=subprocess.DEVNULL, check=False)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("scenario", nargs="*", help="default: every scenario under molecule/")
+    args = parser.parse_args(argv)
+    known = scenarios()
+    unknown = sorted(set(args.scenario) - set(known))
+    if unknown:
+        parser.error(f"no such scenario: {', '.join(unknown)} (known: {', '.join(known)})")
+    if not 1 <= args.lanes <= 4:
+        parser.error("--lanes must be 1-4")
+    (REPO / "build").mkdir(exist_ok=True)
+    # the node image is built once, before the lanes start their labs
+    subprocess.run([sys.executable, str(LAB), "image"], check=True, stdout=subprocess.DEVNULL)
+    plan = plan_lanes(args.scenario or known, args.lanes)
+    results: dict[str, tuple[bool, float]] = {}
+    print_lock = threading.Lock()
+    started = time.monotonic()
+    threads = [threading.Thread(target=run_lane, args=(lane, names, results, print_lock))
+               for lane, names in enumerate(plan, start=1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    planned = [name for names in plan for name in names]
+    failed = sorted(name for name in planned if not results.get(name, (False, 0.0))[0])
+    print(f"molecule: {len(planned) - len(failed)} of {len(planned)} scenario(s) passed in {time.monotonic() - started:.0f}s"
+          f" ({len(plan)} lane(s)){': FAILED ' + ', '.join(failed) if failed else ''}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
