@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import time
 from dataclasses import dataclass
 
@@ -32,11 +33,22 @@ def boot_id() -> str:
         return "unknown"
 
 
+def requester_gone(fd: int = 1, parent: int | None = None) -> bool:
+    """Whether whoever asked for the lease is gone: the far end of our output closed (the controller's SSH session or
+    its worker ended), or we were reparented away from the process that started us."""
+    poller = select.poll()
+    poller.register(fd, 0)  # errors and hang-ups are always reported
+    if any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0)):
+        return True
+    return parent is not None and os.getppid() != parent
+
+
 @dataclass
 class Acquired:
     taken: bool  # the lease changed hands (False when renewing our own, or when another owner still holds it)
     holder: dict
     recovered: dict | None
+    abandoned: bool = False  # the wait ended because its requester was gone (nothing taken for it)
 
 
 class LeaseStore:
@@ -72,9 +84,10 @@ class LeaseStore:
         return record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
 
     def acquire(self, owner: str, lease_seconds: float, wait_timeout: float, dry_run: bool = False,
-                break_owner: str | None = None) -> Acquired:
+                break_owner: str | None = None, still_wanted=lambda: True) -> Acquired:
         """Take or renew the lease. ``break_owner``: a holder known to be dead, whose lease is taken over at once
-        (only that exact owner: a lease that changed hands meanwhile is waited for like any other)."""
+        (only that exact owner: a lease that changed hands meanwhile is waited for like any other).
+        ``still_wanted`` is asked before each retry: a wait whose requester is gone ends without taking the lease."""
         deadline = time.monotonic() + wait_timeout
         while True:
             fd = self._locked()
@@ -95,6 +108,8 @@ class LeaseStore:
                 os.close(fd)
             if time.monotonic() >= deadline:
                 return Acquired(False, self._view(current), None)
+            if not still_wanted():
+                return Acquired(False, self._view(current), None, abandoned=True)
             self.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def release(self, owner: str, dry_run: bool = False) -> bool:

@@ -17,6 +17,8 @@ description:
     A lease whose owner died is recovered once it expires (or after a reboot - the record lives in C(/run) and carries the
     boot id); RV(recovered) then names the dead run.
   - The owner renews its lease by acquiring again (unchanged), and gives it back with O(state=released).
+  - A wait ends, failing and taking nothing, as soon as whoever asked for the lease is gone (the far end of the
+    module's output closed, as when the controller's C(ansible-playbook) was interrupted and its SSH session ended).
   - Expiry is measured on the boot-time clock, which wall-clock steps do not move.
 author:
   - gpufleet.serving contributors (@gpufleet)
@@ -83,6 +85,7 @@ waited:
   type: float
 """
 
+import os
 import re
 import time
 
@@ -110,9 +113,15 @@ def main() -> None:
         released = store.release(params["owner"], dry_run=module.check_mode)
         module.exit_json(changed=released, holder=None, recovered=None, waited=0.0)
     started = time.monotonic()
+    parent = os.getppid()
+    # a wait whose controller was interrupted must not take the lease later for a run that no longer exists
     outcome = store.acquire(params["owner"], params["lease_seconds"], params["wait_timeout"], dry_run=module.check_mode,
-                            break_owner=params["break_owner"])
+                            break_owner=params["break_owner"], still_wanted=lambda: not lease.requester_gone(parent=parent))
     waited = time.monotonic() - started
+    if outcome.abandoned:
+        module.fail_json(msg=f"{params['name']}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for "
+                             "the lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder,
+                         recovered=None, waited=waited)
     if outcome.holder["owner"] != params["owner"]:
         module.fail_json(msg=f"{params['name']} is held by {outcome.holder['owner']} (taken {outcome.holder['age']:.0f}s ago, expires in "
                              f"{outcome.holder['expires_in']:.0f}s); waited {waited:.0f}s", holder=outcome.holder, recovered=None, waited=waited)

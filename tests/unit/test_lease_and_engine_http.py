@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore
+from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore, requester_gone
 
 
 class Clock:
@@ -63,6 +63,52 @@ def test_a_dead_owner_is_broken_at_once_and_only_that_owner(store):
     taken = leases.acquire("next-run", 60, 0, break_owner="interrupted-run")
     assert taken.taken and taken.recovered == {"owner": "interrupted-run", "broken": True}
     assert not leases.acquire("next-run", 60, 0, break_owner="next-run").taken, "renewing one's own lease breaks nothing"
+
+
+def test_a_wait_whose_requester_is_gone_ends_and_takes_nothing(store, monkeypatch):
+    """An interrupted controller's wait must not take the lease later for a run that no longer exists."""
+    import time as time_module
+
+    leases, clock = store
+    leases.acquire("other-controller-run", 600, 0)
+    monotonic = [0.0]
+    monkeypatch.setattr(time_module, "monotonic", lambda: monotonic[0])
+    asked = []
+
+    def sleep(seconds):
+        clock.now += seconds
+        monotonic[0] += seconds
+
+    leases.sleep = sleep
+
+    def still_wanted():
+        asked.append(monotonic[0])
+        if len(asked) < 3:
+            return True
+        leases.release("other-controller-run")  # the holder gives it back just as the requester goes away
+        return False
+
+    outcome = leases.acquire("interrupted-run", 60, wait_timeout=15, still_wanted=still_wanted)
+    assert outcome.abandoned and not outcome.taken and outcome.holder["owner"] == "other-controller-run"
+    assert len(asked) == 3 and monotonic[0] < 15
+    assert leases.acquire("next-run", 60, 0).taken, "the lease was left free for the next run"
+
+
+def test_requester_gone_sees_the_far_end_of_the_output_close(tmp_path):
+    """A real pipe, as a module's stdout is to sshd or to the controller's worker."""
+    import os
+
+    read_end, write_end = os.pipe()
+    try:
+        assert not requester_gone(write_end)
+        assert not requester_gone(write_end, parent=os.getppid())
+        assert requester_gone(write_end, parent=os.getppid() + 1), "reparented: whoever started us is gone"
+        os.close(read_end)
+        assert requester_gone(write_end)
+    finally:
+        os.close(write_end)
+    with open(tmp_path / "output", "w", encoding="utf-8") as regular_file:
+        assert not requester_gone(regular_file.fileno()), "a file never hangs up"
 
 
 def test_check_mode_acquire_writes_nothing(store):
