@@ -2,8 +2,8 @@
 
     python tests/tools/run_molecule.py [--lanes 2] [SCENARIO ...]
 
-Each lane gets its own 2-node lab (GPUFLEET_LAB=laneN, SSH ports from 2221 + 100 * (N - 1)) and runs its scenarios
-one after the other; the lanes run side by side. Most of a scenario's time is spent waiting on the nodes (engines
+Each lane gets its own 2-node lab (GPUFLEET_LAB=laneN, SSH ports from 2221 + 100 * N, beside the default lab on
+2221) and runs its scenarios one after the other; the lanes run side by side. Most of a scenario's time is spent waiting on the nodes (engines
 loading and draining, deadlines, SSH round trips), so two lanes on two cores take about half the time of one.
 A scenario's log is build/molecule-<scenario>.log; a failed one prints its failing tasks.
 """
@@ -45,7 +45,7 @@ def plan_lanes(names: list[str], lanes: int) -> list[list[str]]:
 
 
 def lab_env(lane: int) -> dict[str, str]:
-    return {**os.environ, "GPUFLEET_LAB": f"lane{lane}", "GPUFLEET_LAB_PORT": str(2221 + 100 * (lane - 1)),
+    return {**os.environ, "GPUFLEET_LAB": f"lane{lane}", "GPUFLEET_LAB_PORT": str(2221 + 100 * lane),
             "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
 
 
