@@ -35,7 +35,7 @@ def scenarios() -> list[str]:
 
 def plan_lanes(names: list[str], lanes: int) -> list[list[str]]:
     """Longest scenario first onto the lane with the least expected time."""
-    plan: list[list[str]] = [[] for _ in range(lanes)]
+    plan: list[list[str]] = [[] for _lane in range(lanes)]
     load = [0] * lanes
     for name in sorted(names, key=lambda n: (-EXPECTED_SECONDS.get(n, DEFAULT_SECONDS), n)):
         lane = load.index(min(load))

@@ -85,4 +85,3 @@ def test_molecule_lanes_hold_every_scenario_once_longest_first_onto_the_lightest
     assert abs(load(plan[0]) - load(plan[1])) < max(run_molecule.EXPECTED_SECONDS.values())
     assert run_molecule.plan_lanes(["new_scenario"], 2) == [["new_scenario"]]
     assert run_molecule.plan_lanes(names, 1) == [sorted(names, key=lambda n: (-run_molecule.EXPECTED_SECONDS.get(n, 120), n))]
-
