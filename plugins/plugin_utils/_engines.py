@@ -251,6 +251,16 @@ def launcher(config: dict, engine: str) -> list[str]:
     return command
 
 
+def version_argv(config: dict, engine: str) -> list[str]:
+    """The command that prints the installed engine's version on its last line (the preflight's executable check)."""
+    read = _Reader(config, engine)
+    install = bool(config.get("install"))
+    if engine == "vllm":
+        return [launcher(config, engine)[0], "--version"]
+    python = read.text("virtualenv", required=True) + "/bin/python" if install else read.text("python", required=True)
+    return [python, "-c", "import sglang; print(sglang.__version__)"]
+
+
 def probe_url(host: str, port: int) -> str:
     """Where the node reaches the engine: the address it binds, or loopback when it binds every address."""
     address = UNSPECIFIED_HOSTS.get(host, host)
@@ -314,13 +324,23 @@ def engine_facts(config: dict, engine: str) -> dict:
     # the one word systemd must expand: SGLang's key, right after the first --api-key (the role's own, before extra_args)
     expand = frozenset([argv.index("--api-key") + 1]) if engine == "sglang" and api_key else frozenset()
     environment = read.mapping("environment")
+    spec = speculative(read)
+    install = bool(config.get("install"))
     facts.update({
         "executable": argv[0],
         "argv": argv,
         "exec_start": _escaped(read, "extra_args", lambda words: _systemd_escape.exec_line(words, expand), [[argv]])[0],
         "environment": {str(name): str(value) for name, value in environment.items()},
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment, sorted(environment.items())),
-        "speculative": speculative(read),
+        "speculative": spec,
+        # what the preflight checks before the node is disrupted
+        "draft_model": spec["draft_model"] if spec else None,
+        "gpus_needed": (read.number("tensor_parallel_size", minimum=1) or 1) * (read.number("data_parallel_size", minimum=1) or 1),
+        "visible_devices": str(environment["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in environment else None,
+        "install": install,
+        "install_dir": read.text("virtualenv") if install else None,
+        "version": (read.text("version") or None) if install else None,  # pinned only by an install
+        "version_argv": version_argv(config, engine),
     })
     return facts
 

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import datetime
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # keys are only ever added within a version (0.2.0 added preflight, prewarm, plan, phases, downtime, fleet)
 CMDLINE_WIDTH = 60
 
-# switch_engine results, per host
-SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED = (
-    "switched", "unchanged", "rolled_back", "rollback_failed", "failed", "unreachable", "not_reached")
-SWITCH_RESULTS = (SWITCHED, UNCHANGED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
-SWITCH_SUCCESSES = (SWITCHED, UNCHANGED)
-# the phases of a switch, in order; a host's durations are keyed by them
-PHASES = ("lease", "discover", "backup", "drain", "teardown", "bring_up", "verify", "rollback")
+# switch_engine results, per host (would_switch: check mode's plan; preflight_failed: left serving as it was)
+SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED = (
+    "switched", "unchanged", "would_switch", "preflight_failed", "rolled_back", "rollback_failed", "failed", "unreachable", "not_reached")
+SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
+SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
+# the phases of a switch, in order; a host's durations are keyed by them (plan: check mode only)
+PHASES = ("lease", "discover", "preflight", "prewarm", "backup", "plan", "leave_rotation", "drain", "teardown", "bring_up", "verify",
+          "rollback", "join_rotation", "boot")
+# the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
+DOWNTIME_PARTS = ("leave_rotation", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
 # gpu_cleanup results, per host
 TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
 
@@ -113,6 +116,54 @@ def _durations(marks: list) -> dict:
     return durations
 
 
+def _phases(marks: list) -> list:
+    """[{phase, start (unix seconds), seconds}] in the order they ran, from the marks."""
+    return [{"phase": phase, "start": round(float(start), 3), "seconds": round(float(end) - float(start), 3)}
+            for (phase, start), (_next, end) in zip(marks, marks[1:])]
+
+
+def _out_of_rotation(marks: list, result: str) -> list | None:
+    """[left, back] (unix seconds) of the node's time out of rotation; back is None when it did not come back."""
+    names = [mark[0] for mark in marks]
+    if "leave_rotation" not in names:
+        return None
+    left = float(marks[names.index("leave_rotation")][1])
+    back = None
+    if result in (SWITCHED, ROLLED_BACK) and "join_rotation" in names:
+        joined = len(names) - 1 - names[::-1].index("join_rotation")
+        if joined + 1 < len(marks):
+            back = float(marks[joined + 1][1])
+    return [round(left, 3), None if back is None else round(back, 3)]
+
+
+def _preflight(checks) -> list:
+    return [{"name": c.get("name"), "passed": bool(c.get("passed")), "skipped": bool(c.get("skipped")), "detail": c.get("detail")}
+            for c in checks or []]
+
+
+def _prewarm(result) -> dict | None:
+    if not result or result.get("skipped") and "bytes" not in result:
+        return None
+    if "bytes" not in result:
+        return {"bytes": 0, "total_bytes": None, "files": None, "seconds": 0.0, "finished": False,
+                "skipped_reason": failure_reason(result) if result.get("failed") else None}
+    return {key: result.get(key) for key in ("bytes", "total_bytes", "files", "seconds", "finished", "skipped_reason")}
+
+
+def _plan(plan, teardown) -> dict | None:
+    if not plan:
+        return None
+    teardown = teardown or {}
+    units = list(plan.get("units_to_stop") or [])
+    holders = list(teardown.get("planned") or [])
+    # the units' own processes go with their unit's stop; the holder kill signals only the others
+    return {"running_requests": plan.get("running_requests"), "units_to_stop": units,
+            "unit_processes": len([p for p in holders if p.get("unit") in units]),
+            "processes_to_signal": [p for p in holders if p.get("unit") not in units],
+            "target_files_change": dict(plan.get("target_files_change") or {}),
+            "gpus": list(teardown.get("memory_before") or [])}
+
+
 def switch_host_report(record: dict) -> dict:
     """The switch_engine record of one host, from what the switch_engine role noted while it ran.
 
@@ -129,6 +180,9 @@ def switch_host_report(record: dict) -> dict:
     phases = [mark[0] for mark in marks if mark[0] not in ("end", "rollback")]
     teardowns = [record.get("teardown"), record.get("rollback_teardown")]
     lease = record.get("lease") or {}
+    durations = _durations(marks)
+    out = _out_of_rotation(marks, result)
+    plan = _plan(record.get("plan"), record.get("teardown"))
     return {
         "result": result,
         "from": record.get("previous") or "none",
@@ -140,16 +194,24 @@ def switch_host_report(record: dict) -> dict:
         "recovered_lease": lease.get("recovered"),
         "started": _iso(marks[0][1]) if marks else None,
         "finished": _iso(marks[-1][1]) if marks and marks[-1][0] == "end" else None,
-        "durations_s": _durations(marks),
-        "terminated": [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
-        "killed": [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
+        "durations_s": durations,
+        "phases": _phases(marks),
+        "out_of_rotation": out,
+        "downtime_s": round(out[1] - out[0], 2) if out and out[1] is not None else None,
+        "downtime_parts_s": {part: durations[part] for part in DOWNTIME_PARTS if part in durations} if out else {},
+        "preflight": _preflight(record.get("preflight")),
+        "prewarm": _prewarm(record.get("prewarm")),
+        "plan": plan,
+        "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
+        "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
     }
 
 
 def not_reached_report(target: str | None, reason: str) -> dict:
     """A host the run left as it was: behind a stopped rollout, or never reached."""
     return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "reason": reason, "failed_phase": None,
-            "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {},
+            "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
+            "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "preflight": [], "prewarm": None, "plan": None,
             "terminated": [], "killed": []}
 
 
@@ -159,6 +221,37 @@ def _summary(hosts: dict, results: tuple) -> dict:
     for report in hosts.values():
         counts[report["result"]] = counts.get(report["result"], 0) + 1
     return {"hosts": len(hosts), **counts}
+
+
+def fleet_serving(hosts: dict, started=None) -> dict:
+    """How many nodes served over the rollout, from each node's time out of rotation.
+
+    A node serves before its switch when an engine was found on it, and after when it switched or rolled back; not
+    reached nodes were left as they were and are counted apart (``untouched``). ``serving`` is a step series of
+    [seconds since the run started, nodes serving], one point per change.
+    """
+    events, serving, untouched = [], 0, 0
+    for report in hosts.values():
+        if report["result"] == NOT_REACHED:
+            untouched += 1
+            continue
+        was = bool(report.get("engines_found"))
+        out = report.get("out_of_rotation")
+        serving += was
+        if out:
+            if was:
+                events.append((out[0], -1))
+            if out[1] is not None:
+                events.append((out[1], +1))
+    origin = float(started) if started is not None else min([t for t, _ in events], default=0.0)
+    series, count = [[0.0, serving]], serving
+    lowest = serving
+    for time, change in sorted(events):
+        count += change
+        lowest = min(lowest, count)
+        series.append([round(time - origin, 2), count])
+    return {"nodes": len(hosts), "untouched": untouched, "serving_at_start": serving, "serving_at_end": count,
+            "min_serving": lowest, "serving": series}
 
 
 def switch_run_report(host_reports: dict, run: dict) -> dict:
@@ -178,6 +271,7 @@ def switch_run_report(host_reports: dict, run: dict) -> dict:
         "finished": _iso(run.get("finished")),
         "parameters": dict(run.get("parameters") or {}),
         "summary": _summary(hosts, SWITCH_RESULTS),
+        "fleet": fleet_serving(hosts, run.get("started")),
         "hosts": hosts,
     }
 
@@ -257,13 +351,17 @@ def _seconds(value) -> str:
     return "-" if value is None else f"{float(value):.1f}"
 
 
+def _gib(value) -> str:
+    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+
+
 def switch_table(document: dict) -> str:
-    """One row per host: from, to, result, durations; then failure reasons and the processes killed."""
+    """One row per host: from, to, result, downtime and its main parts; then reasons, plans and processes killed."""
     rows = []
     details = []
     for host, report in sorted((document.get("hosts") or {}).items()):
         durations = report.get("durations_s") or {}
-        rows.append([host, report.get("from") or "-", report.get("to") or "-", report.get("result"),
+        rows.append([host, report.get("from") or "-", report.get("to") or "-", report.get("result"), _seconds(report.get("downtime_s")),
                      _seconds(durations.get("drain")), _seconds(durations.get("teardown")), _seconds(durations.get("bring_up")),
                      _seconds(durations.get("verify")), _seconds(durations.get("total")), len(report.get("killed") or [])])
         if len(report.get("engines_found") or []) > 1:
@@ -275,7 +373,30 @@ def switch_table(document: dict) -> str:
             details.append(f"{host}: ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}")
         if report.get("recovered_lease"):
             details.append(f"{host}: took over the expired switch lease of {report['recovered_lease'].get('owner')}")
+        plan = report.get("plan")
+        if plan:
+            running = plan.get("running_requests")
+            details.append(f"{host}: would drain {'-' if running is None else f'{running:g}'} running request(s), stop "
+                           f"{', '.join(plan.get('units_to_stop') or []) or 'no unit'} ({plan.get('unit_processes', 0)} GPU process(es) in "
+                           f"them), signal {len(plan.get('processes_to_signal') or [])} other GPU process(es); "
+                           f"GPU MiB used (gpu:MiB) {_memory(plan.get('gpus') or [])}")
+            changes = [name for name, changed in (plan.get("target_files_change") or {}).items() if changed]
+            if changes:
+                details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")
+            for process in plan.get("processes_to_signal") or []:
+                details.append(f"{host}: would signal {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
+        prewarm = report.get("prewarm")
+        if prewarm and prewarm.get("bytes"):
+            details.append(f"{host}: prewarm read {_gib(prewarm['bytes'])} of weights in {_seconds(prewarm.get('seconds'))} s"
+                           + ("" if prewarm.get("finished") else " (stopped at its time limit)"))
+        elif prewarm and prewarm.get("skipped_reason") and not plan:
+            details.append(f"{host}: prewarm skipped: {prewarm['skipped_reason']}")
         for process in report.get("killed") or []:
             details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
-    headers = ["host", "from", "to", "result", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
-    return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")
+    headers = ["host", "from", "to", "result", "downtime s", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
+    fleet = document.get("fleet")
+    summary = []
+    if fleet and fleet.get("nodes"):
+        summary = [f"serving: {fleet['serving_at_start']} of {fleet['nodes']} node(s) at the start, {fleet['serving_at_end']} at the end, "
+                   f"never fewer than {fleet['min_serving']}" + (f" ({fleet['untouched']} not reached)" if fleet.get("untouched") else "")]
+    return _table(headers, rows) + ("\n\n" + "\n".join(summary + details) if summary or details else "")

@@ -8,6 +8,8 @@ What it does like the real servers:
 - starts one worker process per tensor-parallel rank; each holds /dev/nvidia<minor of its GPU>, /dev/nvidiactl and
   /dev/nvidia-uvm and records its memory in the simulated NVML, and exits when the server exits (vLLM's death pipe,
   SGLang's PDEATHSIG); refuses to start when its GPUs are not free, as vLLM does;
+- reads every byte of its model's (and draft model's) weight files while "loading", as the engines load weights;
+  a path that is not a directory is read as nothing (the lab's fixture units name models that do not exist);
 - refuses connections while "loading", then serves /health, /v1/models, /v1/completions, /metrics (the real metric
   names, speculative-decoding counters), SGLang's /health_generate and /ready, with --api-key enforced as each engine
   does;
@@ -27,6 +29,9 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
   spec_acceptance (0.7)      share of drafted tokens accepted (low values: the drafter slows things down)
   exit_on_start              exit 1 right after parsing, as on a bad model path
   ignore_busy_gpus           start even when another process uses the GPUs (two engines on one node after a reboot)
+  version                    the version `vllm --version` prints (default: the real one this double mimics)
+
+    engine_double.py --version vllm|sglang                prints the version
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ NVML_ROOT = Path(os.environ.get(nvml_sim.ROOT_ENV, "/run/gpufleet-sim/nvml"))
 DEV = Path(os.environ.get("GPUFLEET_SIM_DEV", "/dev"))
 PR_SET_NAME = 15
 VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+READ_BLOCK = 8 << 20
 
 
 def set_title(title: str) -> None:
@@ -71,6 +78,21 @@ def load_faults(engine: str) -> dict:
     return faults
 
 
+def read_weights(paths: list[str]) -> tuple[int, float]:
+    """Read every byte of the weight files under each model directory, as a load does. Returns (bytes, seconds)."""
+    started, total = time.monotonic(), 0
+    buffer = bytearray(READ_BLOCK)
+    for path in paths:
+        directory = Path(path)
+        if not directory.is_dir():
+            continue
+        for weights in sorted(f for f in directory.iterdir() if f.name.endswith(WEIGHT_SUFFIXES)):
+            with open(weights, "rb", buffering=0) as source:
+                while count := source.readinto(buffer):
+                    total += count
+    return total, time.monotonic() - started
+
+
 class Settings:
     """What the double needs from the parsed command line, in one shape for both engines."""
 
@@ -83,6 +105,7 @@ class Settings:
             self.tp, self.dp = args.tensor_parallel_size or 1, args.data_parallel_size or 1
             self.api_key = (args.api_key or [os.environ.get("VLLM_API_KEY")])[0]
             self.speculative = bool(args.speculative_config)
+            self.draft_model = json.loads(args.speculative_config).get("model") if args.speculative_config else None
             self.memory_fraction = float(args.gpu_memory_utilization or 0.92)
             self.drain_timeout = float(args.shutdown_timeout or 0)
             self.metrics = True
@@ -96,6 +119,7 @@ class Settings:
             self.tp, self.dp = args.tp_size or 1, args.dp_size or 1
             self.api_key = args.api_key
             self.speculative = bool(args.speculative_algorithm)
+            self.draft_model = args.speculative_draft_model_path
             self.memory_fraction = float(args.mem_fraction_static or 0.88)
             self.drain_timeout = None  # unbounded, as SGLang's sigterm_watchdog
             self.metrics = bool(args.enable_metrics)
@@ -351,6 +375,9 @@ def worker_main(spec: dict) -> None:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "__worker__":
         return worker_main(json.loads(argv[1]))
+    if argv[:1] == ["--version"] and argv[1:2] in (["vllm"], ["sglang"]):
+        print(load_faults(argv[1]).get("version") or VERSIONS[argv[1]], flush=True)
+        return None
     if not argv or argv[0] not in ("vllm", "sglang"):
         fail("usage: engine_double.py vllm|sglang [options]")
     engine = argv[0]
@@ -367,6 +394,8 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN if faults.get("ignore_sigterm") else server.on_sigterm)
     signal.signal(signal.SIGINT, server.on_sigterm)
     server.start_workers()
+    loaded, seconds = read_weights([settings.model] + ([settings.draft_model] if settings.draft_model else []))
+    print(f"INFO: read {loaded / 2**30:.2f} GiB of weights in {seconds:.2f}s", flush=True)
     time.sleep(float(faults.get("load_seconds", 1)))  # loading: the port does not listen yet
     if not server.stopping.is_set():
         server.serve()

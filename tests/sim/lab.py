@@ -7,7 +7,7 @@
 
 Each node runs systemd as PID 1, sshd, Python with nvidia-ml-py, the simulated libnvidia-ml.so.1, N simulated GPUs
 (/dev/nvidia0..N-1, /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-caps/*; minors permuted against NVML indexes on
-every second node) and the engine doubles under the real entry points (`vllm serve`, `python -m
+every second node), the model directories at /models (tests/sim/model_files.py) and the engine doubles under the real entry points (`vllm serve`, `python -m
 sglang.launch_server`, `sglang serve`). The inventory goes to build/lab/inventory.ini (group gpu_nodes); GPUFLEET_LAB and
 GPUFLEET_LAB_PORT start another lab beside it (build/<name>/, containers gpufleet-<name>-nodeN).
 The image is built once from Debian packages (debootstrap) and tagged with a hash of its recipe.
@@ -37,6 +37,11 @@ BUILD = REPO / "build" / LAB_NAME
 IMAGE_NAME = "localhost/gpufleet-lab-node"
 CONTAINER_PREFIX = f"gpufleet-{LAB_NAME}-"
 FIRST_SSH_PORT = int(os.environ.get("GPUFLEET_LAB_PORT") or 2221)
+# Model directories (tests/sim/model_files.py), shared read-only by every node of every lab at /models; the size of
+# the main model's weights in MiB (the tests' default is small; the switch benchmark uses GiBs).
+MODELS = REPO / "build" / "models"
+MODEL_MIB = int(os.environ.get("GPUFLEET_LAB_MODEL_MIB") or 64)
+ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, published on 127.0.0.1 with --http-port
 RECIPE_VERSION = "3"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
@@ -51,7 +56,8 @@ NODE_COLLECTION = "/opt/gpufleet-collection"  # the modules, importable on a nod
 RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 
 VLLM_WRAPPER = """#!/bin/sh
-# Test double of vLLM's CLI: `vllm serve MODEL ...` (the simulated lab's engine, not vLLM)
+# Test double of vLLM's CLI: `vllm serve MODEL ...`, `vllm --version` (the simulated lab's engine, not vLLM)
+[ "$1" = --version ] && exec python3 /opt/gpufleet-tests/sim/engine_double.py --version vllm
 [ "$1" = serve ] || { echo "usage: vllm serve MODEL [options]" >&2; exit 2; }
 shift
 exec python3 /opt/gpufleet-tests/sim/engine_double.py vllm "$@"
@@ -69,6 +75,7 @@ import sys
 sys.argv = ["engine_double.py", "sglang", *sys.argv[1:]]
 runpy.run_path("/opt/gpufleet-tests/sim/engine_double.py", run_name="__main__")
 """
+SGLANG_INIT = '__version__ = "0.5.23"  # test double of the sglang package (the simulated lab engine)\n'
 NODE_SETUP_UNIT = """[Unit]
 Description=Simulated GPUs: device files and NVML state (gpufleet lab)
 DefaultDependencies=no
@@ -108,7 +115,7 @@ def image_tag() -> str:
     digest = hashlib.sha256()
     digest.update(" ".join(PACKAGES).encode())
     digest.update(RECIPE_VERSION.encode())
-    for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, NODE_SETUP_UNIT):
+    for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, SGLANG_INIT, NODE_SETUP_UNIT):
         digest.update(text.encode())
     digest.update(LIBRARY_SOURCE.read_bytes())
     return digest.hexdigest()[:12]
@@ -139,7 +146,7 @@ def build_image() -> str:
         run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--find-links", str(wheels),
              "--target", str(site), "nvidia-ml-py==13.615.71"])
         (site / "sglang").mkdir(parents=True, exist_ok=True)
-        (site / "sglang" / "__init__.py").write_text("")
+        (site / "sglang" / "__init__.py").write_text(SGLANG_INIT)
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
         shutil.copy(library, rootfs / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
         (rootfs / NODE_TESTS.lstrip("/")).mkdir(parents=True)
@@ -198,9 +205,16 @@ def running_nodes() -> list[str]:
     return sorted(name[len(CONTAINER_PREFIX):] for name in listing.stdout.split() if name.startswith(CONTAINER_PREFIX))
 
 
-def up(count: int, gpus: int, reuse: bool = False) -> bool:
-    """Start the lab; with reuse, keep a running lab of the same size as it is. Returns whether nodes were (re)created."""
+def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None) -> bool:
+    """Start the lab; with reuse, keep a running lab of the same size as it is. Returns whether nodes were (re)created.
+
+    With http_port, node N's engine port is published on 127.0.0.1:http_port+N-1 (for a load balancer in front).
+    """
     ref = build_image()
+    sys.path.insert(0, str(HERE))
+    import model_files
+
+    models = model_files.ensure(MODELS, MODEL_MIB)
     key = ssh_key()
     names = node_names(count)
     inventory = BUILD / "inventory.ini"
@@ -213,37 +227,45 @@ def up(count: int, gpus: int, reuse: bool = False) -> bool:
     for index, name in enumerate(node_names(count), start=1):
         config_dir = write_node_config(name, index, gpus)
         port = FIRST_SSH_PORT + index - 1
+        publish = ["-p", f"127.0.0.1:{http_port + index - 1}:{ENGINE_PORT}"] if http_port else []
         run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
-             "-p", f"127.0.0.1:{port}:22", "-v", f"{config_dir}:/etc/gpufleet-sim:rw",
+             "-p", f"127.0.0.1:{port}:22", *publish, "-v", f"{config_dir}:/etc/gpufleet-sim:rw", "-v", f"{models}:/models:ro",
              "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",
              "-v", f"{REPO}:{NODE_COLLECTION}/ansible_collections/gpufleet/serving:ro",
              ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
-    write_inventory(ports, key, gpus)
+    write_inventory(ports, key, gpus, http_port)
     wait_ready(list(ports), key)
     print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
     return True
 
 
-def engine_settings(gpus: int) -> list[str]:
-    """The simulated fleet serves one model with both engines' defaults, on all GPUs of each node."""
+def engine_settings(gpus: int, published: bool) -> list[str]:
+    """The simulated fleet serves one model with both engines' defaults, on all GPUs of each node.
+
+    Published (behind a balancer): both engines listen on every address of the node, on one port.
+    """
     settings = []
     for engine in ("vllm", "sglang"):
         settings += [f"{engine}_model=/models/Llama-3.3-70B-Instruct", f"{engine}_served_model_name=llama70b",
                      f"{engine}_tensor_parallel_size={gpus}", f"{engine}_shutdown_timeout=10", f"{engine}_ready_timeout=300"]
+        if published:
+            settings += [f"{engine}_host=0.0.0.0", f"{engine}_port={ENGINE_PORT}"]
     return settings
 
 
-def write_inventory(ports: dict[str, int], key: Path, gpus: int) -> None:
+def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int | None = None) -> None:
     lines = ["[gpu_nodes]"]
-    # gpufleet_lab_*: where tests find a node's fault file and container (not used by the collection)
+    # gpufleet_lab_*: where tests find a node's fault file, container and published engine port (not used by the collection)
     lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port} gpufleet_lab_container={CONTAINER_PREFIX}{name}"
-              for name, port in ports.items()]
+              + (f" gpufleet_lab_http_port={http_port + index}" if http_port else "")
+              for index, (name, port) in enumerate(ports.items())]
     lines += ["", "[gpu_nodes:vars]", f"gpufleet_lab_dir={BUILD}", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
               # keepalives: a node that dies mid-task is found unreachable in 15 s, not when TCP gives up
               "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
               "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'",
-              "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}", *engine_settings(gpus)]
+              "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}",
+              *engine_settings(gpus, bool(http_port))]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 
 
@@ -292,6 +314,7 @@ def main(argv: list[str]) -> None:
     start.add_argument("--nodes", type=int, default=3)
     start.add_argument("--gpus", type=int, default=8)
     start.add_argument("--reuse", action="store_true", help="keep a running lab of the same size as it is")
+    start.add_argument("--http-port", type=int, help="publish node N's engine port on 127.0.0.1:HTTP_PORT+N-1")
     sub.add_parser("down")
     sub.add_parser("image")
     again = sub.add_parser("reset")
@@ -302,7 +325,7 @@ def main(argv: list[str]) -> None:
     if args.command == "up":
         if not 1 <= args.nodes <= 50 or not 1 <= args.gpus <= 16:
             raise SystemExit("--nodes must be 1-50 and --gpus 1-16")
-        up(args.nodes, args.gpus, args.reuse)
+        up(args.nodes, args.gpus, args.reuse, args.http_port)
     elif args.command == "down":
         down()
     elif args.command == "image":

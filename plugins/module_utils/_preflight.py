@@ -1,0 +1,244 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Preflight of an engine about to replace another: what must hold before the node is disrupted.
+
+Each check is a pure function of what was observed (``Observed``) and returns a ``Check``: its name, whether it
+passed or was skipped, and one line that says why. The observing is done by the module through ``NodeProbe``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import pwd
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+
+CHECKS = ("executable", "model", "gpus", "port", "disk")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+LISTEN = "0A"  # TCP state in /proc/net/tcp{,6}
+MIB = 1 << 20
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    skipped: bool = False
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "skipped": self.skipped, "detail": self.detail}
+
+
+@dataclass
+class ModelListing:
+    """A model path as the engine's user sees it."""
+
+    path: str
+    kind: str  # "directory", "file", "missing", "unreadable"
+    config: bool = False
+    weights: list = field(default_factory=list)  # (name, bytes)
+    unreadable: list = field(default_factory=list)  # names the user cannot read
+
+
+@dataclass
+class Request:
+    engine: str
+    checks: tuple
+    version_argv: list
+    version: str | None
+    models: list  # [(label, path)]
+    user: str
+    gpus_needed: int
+    visible_devices: list | None
+    port: int
+    port_owners: list  # units allowed to hold the port (the engines being replaced)
+    install_dir: str | None
+    install_min_free_mib: int
+    nvml_timeout: float = 10
+    version_timeout: float = 120
+
+    @classmethod
+    def from_params(cls, params: dict) -> Request:
+        unknown = sorted(set(params["checks"]) - set(CHECKS))
+        if unknown:
+            raise InvalidInput(f"checks: unknown {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+        if params["gpus_needed"] < 1 or not 1 <= params["port"] <= 65535 or params["install_min_free_mib"] < 0:
+            raise InvalidInput("gpus_needed must be at least 1, port 1-65535 and install_min_free_mib at least 0")
+        if params["nvml_timeout"] <= 0 or params["version_timeout"] <= 0:
+            raise InvalidInput("nvml_timeout and version_timeout must be greater than 0")
+        if "executable" in params["checks"] and not params["version_argv"]:
+            raise InvalidInput("version_argv: the command that prints the engine's version is required by the executable check")
+        visible = params["visible_devices"]
+        models = [("model", params["model"])] + ([("draft model", params["draft_model"])] if params["draft_model"] else [])
+        return cls(engine=params["engine"], checks=tuple(params["checks"]), version_argv=list(params["version_argv"] or []),
+                   version=params["version"] or None, models=models, user=params["user"], gpus_needed=params["gpus_needed"],
+                   visible_devices=[d.strip() for d in visible.split(",") if d.strip()] if visible else None,
+                   port=params["port"], port_owners=list(params["port_owners"] or []), install_dir=params["install_dir"] or None,
+                   install_min_free_mib=params["install_min_free_mib"], nvml_timeout=params["nvml_timeout"],
+                   version_timeout=params["version_timeout"])
+
+
+# --- the checks ------------------------------------------------------------------------------------------------------
+def check_executable(request: Request, returncode: int | None, output: str) -> Check:
+    command = " ".join(request.version_argv)
+    if returncode is None:
+        return Check("executable", False, f"{command}: {output or 'cannot be run'}")
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if returncode != 0:
+        return Check("executable", False, f"{command} exited {returncode}: {lines[-1] if lines else 'no output'}")
+    found = lines[-1] if lines else ""
+    if request.version and found != request.version:
+        return Check("executable", False, f"{command} reports {found or 'no version'}, the pinned version is {request.version}")
+    return Check("executable", True, f"{request.engine} {found or '(no version printed)'}")
+
+
+def check_model(label: str, listing: ModelListing, user: str) -> Check:
+    path = listing.path
+    if not posixpath.isabs(path):
+        return Check("model", True, f"{label} {path}: a hub name, fetched by the engine (not checked here)", skipped=True)
+    if listing.kind == "missing":
+        return Check("model", False, f"{label} {path} does not exist")
+    if listing.kind == "unreadable":
+        return Check("model", False, f"{label} {path} cannot be read by {user}")
+    if listing.kind == "file":
+        if not path.endswith(".gguf"):
+            return Check("model", False, f"{label} {path} is a file, not a model directory")
+    elif not listing.config:
+        return Check("model", False, f"{label} {path} has no config.json")
+    elif not listing.weights:
+        return Check("model", False, f"{label} {path} has no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    if listing.unreadable:
+        return Check("model", False, f"{label} {path}: {user} cannot read {', '.join(sorted(listing.unreadable)[:3])}"
+                                     + (f" and {len(listing.unreadable) - 3} more" if len(listing.unreadable) > 3 else ""))
+    size = sum(size for _name, size in listing.weights)
+    return Check("model", True, f"{label} {path}: {len(listing.weights)} weight file(s), {size / 2**30:.2f} GiB, readable by {user}")
+
+
+def check_gpus(request: Request, nvml_count: int | None, error: str | None = None) -> Check:
+    if nvml_count is None:
+        return Check("gpus", False, f"NVML cannot be read: {error}")
+    if request.visible_devices is not None:
+        beyond = [d for d in request.visible_devices if not d.isdigit() or int(d) >= nvml_count]
+        if beyond:
+            return Check("gpus", False, f"CUDA_VISIBLE_DEVICES names {', '.join(beyond)}, but NVML sees GPUs 0-{nvml_count - 1}")
+        available, where = len(request.visible_devices), "visible (CUDA_VISIBLE_DEVICES)"
+    else:
+        available, where = nvml_count, "seen by NVML"
+    if request.gpus_needed > available:
+        return Check("gpus", False, f"tensor x data parallel needs {request.gpus_needed} GPU(s), {available} {where}")
+    return Check("gpus", True, f"needs {request.gpus_needed} GPU(s), {available} {where}")
+
+
+def check_port(request: Request, holders: list) -> Check:
+    """holders: [(pid, unit)] of the processes listening on the port (pid None: its owner was not found)."""
+    foreign = [(pid, unit) for pid, unit in holders if unit not in request.port_owners]
+    if foreign:
+        named = ", ".join(f"pid {pid} ({unit or 'no unit'})" if pid else "a socket of no process found" for pid, unit in foreign[:3])
+        return Check("port", False, f"port {request.port} is taken by {named}, not by the engine being replaced")
+    if holders:
+        return Check("port", True, f"port {request.port} is held by {', '.join(sorted({u for _p, u in holders}))}, which the switch stops")
+    return Check("port", True, f"port {request.port} is free")
+
+
+def check_disk(request: Request, free_bytes: int | None, where: str) -> Check:
+    if free_bytes is None:
+        return Check("disk", False, f"cannot read the free space of {where}")
+    needed = request.install_min_free_mib * MIB
+    if free_bytes < needed:
+        return Check("disk", False, f"{where} has {free_bytes / 2**30:.1f} GiB free, the install needs {needed / 2**30:.1f} GiB")
+    return Check("disk", True, f"{where} has {free_bytes / 2**30:.1f} GiB free for the install")
+
+
+def failures(checks: list) -> list:
+    return [check.detail for check in checks if not check.passed]
+
+
+# --- parsing what was observed -----------------------------------------------------------------------------------------
+def listening_inodes(table: str, port: int) -> set:
+    """Socket inodes listening on `port` in a /proc/net/tcp or tcp6 table."""
+    inodes = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != LISTEN:
+            continue
+        try:
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+        except (IndexError, ValueError):
+            continue
+        if local_port == port:
+            inodes.add(fields[9])
+    return inodes
+
+
+def existing_parent(path: str) -> str:
+    """The nearest existing directory of a path (an install directory may not exist yet)."""
+    path = posixpath.normpath(path)
+    while not os.path.isdir(path) and path != "/":
+        path = posixpath.dirname(path)
+    return path
+
+
+# --- observing (the module's seam) -------------------------------------------------------------------------------------
+def list_model(path: str) -> ModelListing:
+    """What the current process sees of a model path; run as the engine's user (``as_user``)."""
+    if not os.path.exists(path):
+        return ModelListing(path, "missing")
+    if os.path.isfile(path):
+        readable = os.access(path, os.R_OK)
+        return ModelListing(path, "file", weights=[(os.path.basename(path), os.path.getsize(path))] if readable else [],
+                            unreadable=[] if readable else [os.path.basename(path)])
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return ModelListing(path, "unreadable")
+    listing = ModelListing(path, "directory", config="config.json" in names)
+    for name in names:
+        full = posixpath.join(path, name)
+        if name == "config.json" or name.endswith(WEIGHT_SUFFIXES):
+            if not os.access(full, os.R_OK):
+                listing.unreadable.append(name)
+            elif name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(full):
+                listing.weights.append((name, os.path.getsize(full)))
+    return listing
+
+
+def as_user(user: str, function, *args):
+    """function(*args) in a child process running as `user` (its groups, gid, uid); returns what it returns.
+
+    Access is decided by the kernel for that user, not guessed from modes: ACLs, groups and directory search bits count.
+    """
+    entry = pwd.getpwnam(user)
+    if entry.pw_uid == os.geteuid():
+        return function(*args)
+    import pickle
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read_end)
+            os.setgroups(os.getgrouplist(user, entry.pw_gid))
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+            data = pickle.dumps(("ok", function(*args)))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            data = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+        os.write(write_end, data)
+        os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    status, value = pickle.loads(b"".join(chunks))
+    if status != "ok":
+        raise InvalidInput(f"cannot check files as {user}: {value}")
+    return value
