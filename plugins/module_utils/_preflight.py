@@ -188,8 +188,12 @@ def existing_parent(path: str) -> str:
 # --- observing (the module's seam) -------------------------------------------------------------------------------------
 def list_model(path: str) -> ModelListing:
     """What the current process sees of a model path; run as the engine's user (``as_user``)."""
-    if not os.path.exists(path):
+    try:
+        os.stat(path)
+    except FileNotFoundError:
         return ModelListing(path, "missing")
+    except OSError:  # a directory on the way this user cannot search
+        return ModelListing(path, "unreadable")
     if os.path.isfile(path):
         readable = os.access(path, os.R_OK)
         return ModelListing(path, "file", weights=[(os.path.basename(path), os.path.getsize(path))] if readable else [],

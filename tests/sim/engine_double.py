@@ -13,8 +13,8 @@ What it does like the real servers:
 - refuses connections while "loading", then serves /health, /v1/models, /v1/completions, /metrics (the real metric
   names, speculative-decoding counters), SGLang's /health_generate and /ready, with --api-key enforced as each engine
   does;
-- on SIGTERM: vLLM drains up to --shutdown-timeout, SGLang drains until no request runs (unbounded unless
-  SGL_FORCE_SHUTDOWN), then stops its workers and exits 0.
+- on SIGTERM: vLLM rejects new requests (503) and drains up to --shutdown-timeout, SGLang still admits them and
+  drains until no request runs (unbounded unless SGL_FORCE_SHUTDOWN), then stops its workers and exits 0.
 
 Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang": {...}}) or GPUFLEET_SIM_FAULTS (JSON):
   load_seconds (default 1)   time before the port listens
@@ -195,6 +195,10 @@ class Server:
         return not (self.settings.engine == "sglang" and self.stopping.is_set())
 
     def complete(self, body: dict) -> tuple[int, dict]:
+        if self.settings.engine == "vllm" and self.stopping.is_set():
+            # vLLM's EngineCore rejects new requests once shutdown is requested (it drains only those it has)
+            return 503, {"error": {"message": "The engine is shutting down; request aborted", "type": "ServiceUnavailableError",
+                                   "param": None, "code": 503}}
         with self.lock:
             self.running += 1
         try:

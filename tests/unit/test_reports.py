@@ -71,6 +71,8 @@ def test_teardown_record_from_the_module_results():
 
 # --- the documents against docs/reports.md ---------------------------------------------------------------------------------
 ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(terminated|planned)\[\]\.", ".killed[]."),
+           (r"\.plan\.processes_to_signal\[\]\.", ".killed[]."),
+           (r"^(fleet\.serving|hosts\.<host>\.out_of_rotation)\[\].*", r"\1"),
            (r"\.protected\[\]\.(?!reason)", ".killed[]."),
            (r"\.memory_before\[\]\.", ".memory_after[].")]
 
@@ -89,7 +91,7 @@ def key_paths(value, prefix="") -> set[str]:
             path = f"{prefix}.{name}" if prefix else name
             if prefix != "hosts":
                 paths.add(path)
-            if not (prefix.endswith("durations_s") or path.endswith(("durations_s", "recovered_lease"))):
+            if not (prefix.endswith("durations_s") or path.endswith(("durations_s", "downtime_parts_s", "recovered_lease", "target_files_change"))):
                 paths |= key_paths(item, path)
     elif isinstance(value, list):
         for item in value:
@@ -110,15 +112,97 @@ def assert_matches_docs(document: dict, heading: str):
     assert documented - produced == set(), "documented but not produced"
 
 
+CHECKS = [{"name": "model", "passed": True, "skipped": False, "detail": "model /m: 4 weight file(s), 0.06 GiB, readable by root"}]
+PREWARM = {"changed": False, "bytes": 67108864, "total_bytes": 67108864, "files": 4, "seconds": 0.4, "finished": True, "skipped_reason": None}
+
+
+def rotated_record(result="switched", **extra) -> dict:
+    """A switch with rotation hooks: out of rotation at T0+3, back at T0+18."""
+    marks = [["lease", T0], ["discover", T0 + 1], ["preflight", T0 + 2], ["prewarm", T0 + 2.5], ["leave_rotation", T0 + 3],
+             ["drain", T0 + 4], ["teardown", T0 + 5], ["bring_up", T0 + 8], ["verify", T0 + 16], ["join_rotation", T0 + 17],
+             ["boot", T0 + 18], ["end", T0 + 19]]
+    return switch_record(result, **{"marks": marks, "preflight": CHECKS, "prewarm": PREWARM, **extra})
+
+
+def planned_record() -> dict:
+    holders = {"targets": [dict(PROCESS, pid=50, unit="vllm.service"), dict(PROCESS, pid=51, unit=None)]}
+    teardown = reports.teardown_host_report(teardown_steps(check_mode=True, holders=holders,
+                                                           units={"results": [{"unit": "vllm.service", "changed": True}]}))
+    return switch_record("would_switch", marks=[["lease", T0], ["discover", T0 + 1], ["preflight", T0 + 2], ["plan", T0 + 3],
+                                                ["end", T0 + 5]],
+                         outcome={"result": "would_switch"}, preflight=CHECKS, teardown=teardown,
+                         prewarm={"changed": False, "bytes": 0, "total_bytes": 10, "files": 1, "seconds": 0.0, "finished": False,
+                                  "skipped_reason": "check mode: nothing read"},
+                         plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False}})
+
+
+def test_downtime_runs_from_leaving_rotation_to_the_end_of_joining_it():
+    report = reports.switch_host_report(rotated_record())
+    assert report["out_of_rotation"] == [T0 + 3, T0 + 18] and report["downtime_s"] == 15.0
+    assert report["downtime_parts_s"] == {"leave_rotation": 1.0, "drain": 1.0, "teardown": 3.0, "bring_up": 8.0, "verify": 1.0,
+                                          "join_rotation": 1.0}
+    assert [phase["phase"] for phase in report["phases"]][:3] == ["lease", "discover", "preflight"]
+    assert report["phases"][4] == {"phase": "leave_rotation", "start": T0 + 3, "seconds": 1.0}
+    assert report["prewarm"]["bytes"] == 67108864 and report["preflight"][0]["passed"] is True
+
+
+def test_a_node_that_never_came_back_has_no_downtime_figure():
+    record = rotated_record("rollback_failed", outcome={"result": "rollback_failed", "reason": "x", "rollback_error": "y"})
+    record["marks"] = record["marks"][:8] + [["rollback", T0 + 9], ["end", T0 + 30]]
+    report = reports.switch_host_report(record)
+    assert report["out_of_rotation"] == [T0 + 3, None] and report["downtime_s"] is None and report["failed_phase"] == "bring_up"
+
+
+def test_a_failed_preflight_left_the_node_in_rotation():
+    record = switch_record("preflight_failed", outcome={"result": "preflight_failed", "reason": "model /m does not exist"},
+                           marks=[["lease", T0], ["discover", T0 + 1], ["preflight", T0 + 2], ["end", T0 + 3]],
+                           preflight=[{"name": "model", "passed": False, "detail": "model /m does not exist"}], teardown=None)
+    report = reports.switch_host_report(record)
+    assert report["failed_phase"] == "preflight" and report["out_of_rotation"] is None and report["downtime_s"] is None
+    assert report["preflight"] == [{"name": "model", "passed": False, "skipped": False, "detail": "model /m does not exist"}]
+    gate = reports_gate({"node1": report})
+    assert gate["stop"] and gate["failed"] == ["node1"], "a failed preflight counts against the rollout"
+
+
+def reports_gate(hosts):
+    from ansible_collections.gpufleet.serving.plugins.plugin_utils import _rollout
+
+    return _rollout.rollout_gate(hosts, 0)
+
+
+def test_the_plan_separates_the_units_processes_from_other_holders():
+    report = reports.switch_host_report(planned_record())
+    plan = report["plan"]
+    assert plan["units_to_stop"] == ["vllm.service"] and plan["unit_processes"] == 1 and plan["running_requests"] == 2.0
+    assert [p["pid"] for p in plan["processes_to_signal"]] == [51]
+    assert plan["gpus"] == [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False}]
+    assert report["killed"] == [] and report["terminated"] == [], "check mode killed nothing"
+    table = reports.switch_table(reports.switch_run_report({"node2": report}, {"check_mode": True}))
+    assert "node2: would drain 2 running request(s), stop vllm.service (1 GPU process(es) in them), signal 1 other GPU process(es)" in table
+    assert "node2: would write sglang's unit (--diff shows the unit)" in table and "node2: would signal 51 python3" in table
+
+
+def test_fleet_serving_counts_follow_each_nodes_time_out_of_rotation():
+    first = reports.switch_host_report(rotated_record())
+    second = reports.switch_host_report(rotated_record(marks=[[phase, time + 20] for phase, time in rotated_record()["marks"]]))
+    fresh = reports.switch_host_report(rotated_record(found=[], previous="none"))  # served nothing before
+    document = reports.switch_run_report({"a": first, "b": second, "c": fresh, "d": None}, {"started": T0})
+    fleet = document["fleet"]
+    assert fleet["nodes"] == 4 and fleet["untouched"] == 1 and fleet["serving_at_start"] == 2 and fleet["serving_at_end"] == 3
+    assert fleet["serving"] == [[0.0, 2], [3.0, 1], [18.0, 2], [18.0, 3], [23.0, 2], [38.0, 3]]
+    assert fleet["min_serving"] == 1
+    assert "serving: 2 of 4 node(s) at the start, 3 at the end, never fewer than 1 (1 not reached)" in reports.switch_table(document)
+
+
 def test_the_switch_document_matches_its_documentation():
-    hosts = {"node1": reports.switch_host_report(switch_record()), "node2": None}
+    hosts = {"node1": reports.switch_host_report(rotated_record()), "node2": reports.switch_host_report(planned_record()), "node3": None}
     document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
                                                  "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
                                                                 "max_fail_percentage": 0}})
-    assert document["schema_version"] == 1 and document["hosts"]["node2"]["result"] == "not_reached"
-    assert document["summary"] == {"hosts": 2, "switched": 1, "unchanged": 0, "rolled_back": 0, "rollback_failed": 0, "failed": 0,
-                                   "unreachable": 0, "not_reached": 1}
-    assert set(document["hosts"]["node2"]) == set(document["hosts"]["node1"]), "a host not reached has every key"
+    assert document["schema_version"] == 1 and document["hosts"]["node3"]["result"] == "not_reached"
+    assert document["summary"] == {"hosts": 3, "switched": 1, "unchanged": 0, "would_switch": 1, "preflight_failed": 0, "rolled_back": 0,
+                                   "rollback_failed": 0, "failed": 0, "unreachable": 0, "not_reached": 1}
+    assert set(document["hosts"]["node3"]) == set(document["hosts"]["node1"]), "a host not reached has every key"
     assert_matches_docs(document, "switch_engine.json")
 
 

@@ -1,0 +1,110 @@
+"""engine_preflight and weights_prewarm as Ansible runs them: real files and modes, a real listening socket, a real
+version command, the real nvidia-ml-py over the simulated NVML library, a check as another user."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import run_module
+
+
+def model_dir(root, weights=2, config=True):
+    root.mkdir(parents=True)
+    if config:
+        (root / "config.json").write_text("{}")
+    for index in range(weights):
+        (root / f"model-{index:05d}.safetensors").write_bytes(b"\0" * 4096)
+    return root
+
+
+def version_script(tmp_path, prints="0.33.0", code=0):
+    script = tmp_path / "vllm"
+    script.write_text(f"#!/bin/sh\necho 'INFO import noise'\necho {prints}\nexit {code}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def args(tmp_path, model, **extra):
+    return {"engine": "vllm", "version_argv": [version_script(tmp_path), "--version"], "model": str(model), "gpus_needed": 4,
+            "port": free_port(), "checks": ["executable", "model", "gpus", "port"], **extra}
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_every_check_passes_on_a_node_ready_for_the_engine(tmp_path, nvml_env):
+    result = run_module("engine_preflight", args(tmp_path, model_dir(tmp_path / "m"), version="0.33.0"), env=nvml_env)
+    assert not result.failed, result["msg"] if result.failed else ""
+    assert [(c["name"], c["passed"]) for c in result["checks"]] == [("executable", True), ("model", True), ("gpus", True), ("port", True)]
+    assert result["checks"][0]["detail"] == "vllm 0.33.0" and len(result["gpus"]) == 4 and result["changed"] is False
+
+
+def test_each_failure_is_named_and_the_module_fails(tmp_path, nvml_env):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        result = run_module("engine_preflight", args(tmp_path, tmp_path / "absent", version="0.34.0", gpus_needed=16, port=port,
+                                                     draft_model=str(model_dir(tmp_path / "draft", weights=0))), env=nvml_env)
+    finally:
+        listener.close()
+    assert result.failed
+    assert result["failures"] == [
+        f"{tmp_path}/vllm --version reports 0.33.0, the pinned version is 0.34.0",
+        f"model {tmp_path}/absent does not exist",
+        f"draft model {tmp_path}/draft has no weight files (*.safetensors, *.bin, *.pt, *.gguf)",
+        "tensor x data parallel needs 16 GPU(s), 4 seen by NVML",
+        result["failures"][-1],
+    ]
+    assert result["failures"][-1].startswith(f"port {port} is taken by pid {os.getpid()} (")  # this test's own listener
+    assert result["failures"][-1].endswith(", not by the engine being replaced")
+    assert result["msg"].startswith("preflight: ") and "does not exist" in result["msg"]
+
+
+def test_the_model_is_read_as_the_engines_user(tmp_path, nvml_env, request):
+    """A file the engine's user cannot read fails, though root (the module) can: the check runs as that user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to check as another user")
+    hidden = run_module("engine_preflight", args(tmp_path, model_dir(tmp_path / "hidden"), user="nobody", checks=["model"]), env=nvml_env)
+    assert hidden["failures"] == [f"model {tmp_path}/hidden cannot be read by nobody"], "pytest's base directory is root's only"
+    shared = Path(tempfile.mkdtemp(prefix="gpufleet-preflight-"))
+    request.addfinalizer(lambda: shutil.rmtree(shared))
+    shared.chmod(0o755)
+    model = model_dir(shared / "m")
+    model.chmod(0o755)
+    for path in model.iterdir():
+        path.chmod(0o644)
+    (model / "model-00001.safetensors").chmod(stat.S_IRUSR | stat.S_IWUSR)  # root only
+    result = run_module("engine_preflight", args(tmp_path, model, user="nobody", checks=["model"]), env=nvml_env)
+    assert result.failed and result["failures"] == [f"model {model}: nobody cannot read model-00001.safetensors"]
+    as_root = run_module("engine_preflight", args(tmp_path, model, user="root", checks=["model"]), env=nvml_env)
+    assert not as_root.failed
+    missing_user = run_module("engine_preflight", args(tmp_path, model, user="no-such-user", checks=["model"]), env=nvml_env)
+    assert missing_user.failed and "the engine's user no-such-user does not exist" in missing_user["msg"]
+
+
+def test_check_mode_runs_the_same_read_only_checks(tmp_path, nvml_env):
+    result = run_module("engine_preflight", args(tmp_path, tmp_path / "absent", checks=["model"]), check_mode=True, env=nvml_env)
+    assert result.failed and result["failures"] == [f"model {tmp_path}/absent does not exist"]
+
+
+def test_prewarm_reads_every_weight_byte_or_says_why_not(tmp_path):
+    model = model_dir(tmp_path / "m", weights=3)
+    read = run_module("weights_prewarm", {"paths": [str(model), "hub/name"], "margin_mib": 0})
+    assert read["bytes"] == read["total_bytes"] == 3 * 4096 and read["files"] == 3 and read["finished"] and read["skipped_reason"] is None
+    planned = run_module("weights_prewarm", {"paths": [str(model)], "margin_mib": 0}, check_mode=True)
+    assert planned["bytes"] == 0 and planned["total_bytes"] == 3 * 4096 and planned["skipped_reason"] == "check mode: nothing read"
+    too_big = run_module("weights_prewarm", {"paths": [str(model)], "margin_mib": 1 << 30})
+    assert too_big["bytes"] == 0 and "do not fit" in too_big["skipped_reason"] and not too_big.failed
+    missing = run_module("weights_prewarm", {"paths": [str(tmp_path / "absent")]})
+    assert missing.failed and "is not a model directory" in missing["msg"]

@@ -1,0 +1,117 @@
+"""The preflight's checks and the prewarm's plan as pure functions of what was observed."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import (
+    ModelListing,
+    Request,
+    check_disk,
+    check_executable,
+    check_gpus,
+    check_model,
+    check_port,
+    listening_inodes,
+)
+
+PARAMS = {"engine": "vllm", "checks": ["executable", "model", "gpus", "port"], "version_argv": ["/usr/local/bin/vllm", "--version"],
+          "version": None, "model": "/models/m", "draft_model": None, "user": "root", "gpus_needed": 8, "visible_devices": None,
+          "port": 8000, "port_owners": ["vllm.service"], "install_dir": None, "install_min_free_mib": 1024, "nvml_timeout": 10,
+          "version_timeout": 60}
+
+
+def request(**changes) -> Request:
+    return Request.from_params({**PARAMS, **changes})
+
+
+def test_bad_requests_are_refused_naming_the_option():
+    with pytest.raises(InvalidInput, match="checks: unknown network"):
+        request(checks=["network"])
+    with pytest.raises(InvalidInput, match="version_argv"):
+        request(version_argv=[])
+    with pytest.raises(InvalidInput, match="gpus_needed"):
+        request(gpus_needed=0)
+
+
+def test_executable_and_pinned_version():
+    assert check_executable(request(), 0, "INFO 12-01 import\n0.33.0\n").passed
+    pinned = request(version="0.33.0")
+    wrong = check_executable(pinned, 0, "0.32.1\n")
+    assert not wrong.passed and wrong.detail == "/usr/local/bin/vllm --version reports 0.32.1, the pinned version is 0.33.0"
+    missing = check_executable(pinned, None, "/usr/local/bin/vllm does not exist")
+    assert not missing.passed and "does not exist" in missing.detail
+    crashed = check_executable(pinned, 1, "Traceback\nImportError: libcudart.so.12\n")
+    assert crashed.detail.endswith("exited 1: ImportError: libcudart.so.12")
+
+
+@pytest.mark.parametrize(("listing", "passed", "detail"), [
+    (ModelListing("/m", "missing"), False, "model /m does not exist"),
+    (ModelListing("/m", "unreadable"), False, "model /m cannot be read by vllm"),
+    (ModelListing("/m", "directory", config=False, weights=[("a.safetensors", 1)]), False, "model /m has no config.json"),
+    (ModelListing("/m", "directory", config=True), False, "model /m has no weight files"),
+    (ModelListing("/m", "directory", config=True, weights=[("a.safetensors", 2**30)], unreadable=["b.safetensors"]), False,
+     "model /m: vllm cannot read b.safetensors"),
+    (ModelListing("/m", "file"), False, "model /m is a file, not a model directory"),
+    (ModelListing("/m", "directory", config=True, weights=[("a.safetensors", 2**30), ("b.safetensors", 2**30)]), True,
+     "model /m: 2 weight file(s), 2.00 GiB, readable by vllm"),
+])
+def test_model_directory(listing, passed, detail):
+    check = check_model("model", listing, "vllm")
+    assert check.passed is passed and check.detail.startswith(detail)
+
+
+def test_a_hub_name_is_skipped_not_passed_silently():
+    check = check_model("model", ModelListing("meta-llama/Llama-3.3-70B-Instruct", "hub"), "root")
+    assert check.passed and check.skipped and "hub name" in check.detail
+
+
+def test_gpus_fit_what_nvml_sees_or_what_the_unit_makes_visible():
+    assert check_gpus(request(), 8).passed
+    assert check_gpus(request(), 4).detail == "tensor x data parallel needs 8 GPU(s), 4 seen by NVML"
+    assert check_gpus(request(gpus_needed=4, visible_devices="0,1,2,3"), 8).passed
+    assert check_gpus(request(gpus_needed=4, visible_devices="0,1"), 8).detail == "tensor x data parallel needs 4 GPU(s), 2 visible (CUDA_VISIBLE_DEVICES)"
+    assert "names 9" in check_gpus(request(gpus_needed=1, visible_devices="9"), 8).detail
+    assert check_gpus(request(), None, "driver not loaded").detail == "NVML cannot be read: driver not loaded"
+
+
+def test_port_free_held_by_the_engine_being_replaced_or_taken():
+    assert check_port(request(), []).detail == "port 8000 is free"
+    assert check_port(request(), [(10, "vllm.service")]).passed
+    taken = check_port(request(), [(10, "vllm.service"), (77, "jupyter.service")])
+    assert not taken.passed and "pid 77 (jupyter.service)" in taken.detail
+    assert not check_port(request(), [(None, None)]).passed
+
+
+def test_disk_room_for_an_install():
+    assert check_disk(request(), 2 << 30, "/opt").passed
+    assert check_disk(request(), 512 << 20, "/opt").detail == "/opt has 0.5 GiB free, the install needs 1.0 GiB"
+
+
+def test_listening_sockets_are_read_from_proc_net_tcp():
+    table = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+             "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1\n"
+             "   1: 0100007F:1F40 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2222 1\n"
+             "   2: 00000000:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3333 1\n")
+    assert listening_inodes(table, 8000) == {"1111"} and listening_inodes(table, 30000) == {"3333"}
+
+
+def test_prewarm_plan_reads_only_what_fits_in_memory():
+    files = [("/m/a.safetensors", 6 << 30), ("/m/b.safetensors", 6 << 30)]
+    assert prewarm.plan(files, 64 << 30, 8 << 30).skipped is None
+    skipped = prewarm.plan(files, 16 << 30, 8 << 30)
+    assert skipped.skipped == "12.0 GiB of weights do not fit in the 16.0 GiB available minus the 8.0 GiB margin"
+    assert prewarm.plan([], 64 << 30, 0).skipped.startswith("no local weight files")
+    assert prewarm.available_bytes("MemTotal: 100 kB\nMemAvailable:   2048 kB\n") == 2 << 20
+
+
+def test_prewarm_stops_at_its_time_limit(tmp_path):
+    path = tmp_path / "a.safetensors"
+    path.write_bytes(b"x" * (3 * prewarm.BLOCK))
+    ticks = iter(range(100))
+    done, _seconds, finished = prewarm.read_into_cache([(str(path), 3 * prewarm.BLOCK)], timeout=2, clock=lambda: next(ticks))
+    assert not finished and done == prewarm.BLOCK, "one block per tick: the limit is checked before every read"
+    done, _seconds, finished = prewarm.read_into_cache([(str(path), 3 * prewarm.BLOCK)], timeout=60)
+    assert finished and done == 3 * prewarm.BLOCK
