@@ -176,8 +176,12 @@ def switch_host_report(record: dict) -> dict:
     if result not in SWITCH_RESULTS:
         raise ReportError(f"switch result {result!r} is not one of {', '.join(SWITCH_RESULTS)}")
     marks = [list(mark) for mark in record.get("marks") or []]
-    # the phase that failed: the last one begun before any rollback
-    phases = [mark[0] for mark in marks if mark[0] not in ("end", "rollback")]
+    # the phase that failed: the last one begun before any rollback (or before putting back in rotation a node that
+    # could not leave it)
+    names = [mark[0] for mark in marks]
+    phases = [name for name in names[: names.index("rollback") if "rollback" in names else None] if name != "end"]
+    if phases[-2:] == ["leave_rotation", "join_rotation"]:
+        phases = phases[:-1]
     teardowns = [record.get("teardown"), record.get("rollback_teardown")]
     lease = record.get("lease") or {}
     durations = _durations(marks)

@@ -34,8 +34,8 @@ def machine() -> str:
 
 
 def main() -> None:
-    """`run_all.py [scan] [teardown] [fleet]`: the parts named (all by default); the others are kept from the last run."""
-    parts = sys.argv[1:] or ["scan", "teardown", "fleet"]
+    """`run_all.py [scan] [teardown] [fleet] [switch]`: the parts named (all by default); the others are kept from the last run."""
+    parts = sys.argv[1:] or ["scan", "teardown", "fleet", "switch"]
     previous = DOCS / "results" / "bench_lab.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
     started = time.monotonic()
@@ -45,6 +45,8 @@ def main() -> None:
     results["minutes"] = round((time.monotonic() - started) / 60, 1)
     (DOCS / "results").mkdir(parents=True, exist_ok=True)
     (DOCS / "results" / "bench_lab.json").write_text(json.dumps(results, indent=1))
+    if "switch" in results:
+        (DOCS / "results" / "switch_downtime.json").write_text(json.dumps(results["switch"], indent=1) + "\n")
     (DOCS / "benchmarks-lab.md").write_text(render(results))
     print(f"wrote {DOCS / 'benchmarks-lab.md'}")
 
@@ -83,6 +85,23 @@ def render(results: dict) -> str:
         lines.append(f"| {row['nodes']} | {row['cleanup_pipelining_off']['wall_s']} | {row['cleanup']['wall_s']} | {row['cleanup']['per_node_s']} | "
                      f"{row['switch_to_vllm']['wall_s']} | {row['switch_to_sglang']['wall_s']} | {row['switch_to_sglang']['per_node_s']} | "
                      f"{max(row[key]['controller_peak_mib'] or 0 for key in ('cleanup', 'switch_to_sglang'))} |")
+    switch = results.get("switch")
+    if switch:
+        cold, warm = switch["downtime_s"]["cold"], switch["downtime_s"]["prewarm"]
+        lines += ["", "## 4. Switch downtime: weight prewarm, and client requests with and without the rotation hooks", "",
+                  f"One node switching vLLM <-> SGLang alone; the engine doubles read every byte of a {switch['model_gib']} GiB model of "
+                  "real files at start. Before each run every model file is dropped from the page cache (posix_fadvise DONTNEED); "
+                  f"cold and prewarmed runs interleaved, medians of {len(switch['runs']['cold'])}. Raw: `docs/results/switch_downtime.json`.", "",
+                  "| | downtime s (out of rotation -> back, verified) | bring-up s | prewarm s (before the drain, not downtime) |", "|---|---|---|---|",
+                  f"| cold (prewarm off) | {cold} | {switch['bring_up_s']['cold']} | - |",
+                  f"| prewarmed | {warm} | {switch['bring_up_s']['prewarm']} | {switch['prewarm_s']} |",
+                  f"| prewarmed / cold | {round(warm / cold, 2) if cold else '-'} | | |", "",
+                  "A 3-node switch vLLM -> SGLang through HAProxy (127.0.0.1) with a bounded load generator (6 clients) running throughout:", "",
+                  "| | requests sent | failed | fewest nodes serving | per-node downtime s |", "|---|---|---|---|---|"]
+        for label, name in (("with_hooks", "with the HAProxy hooks"), ("without_hooks", "without hooks")):
+            run = switch[label]
+            lines.append(f"| {name} | {run['sent']} | {run['failed']} ({', '.join(f'{k} {v}' for k, v in run['errors'].items()) or 'none'}) | "
+                         f"{run['min_serving']} of 3 | {', '.join(str(d) for d in run['downtime_s'])} |")
     return "\n".join(lines) + "\n"
 
 

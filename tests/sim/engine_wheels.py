@@ -4,7 +4,8 @@
 
 They let the roles' pinned virtualenv install (vllm_install / sglang_install) run for real on an offline node:
 `pip install --no-index --find-links DIR vllm==0.33.0` creates `<venv>/bin/vllm`, and the sglang wheel provides
-`python -m sglang.launch_server` and `sglang serve` in the virtualenv (`vllm --version`, `sglang.__version__`: the pin); both require nvidia-ml-py, whose wheel the lab
+`python -m sglang.launch_server` and `sglang serve` in the virtualenv (`vllm --version` and `sglang.__version__` print
+the pin); both require nvidia-ml-py, whose wheel the lab
 keeps in the same directory. What they run is the lab's double
 (tests/sim/engine_double.py, mounted on the nodes), not the engines.
 """

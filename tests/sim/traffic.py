@@ -18,6 +18,7 @@ The load generator sends completions through HAProxy from --clients threads unti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -86,10 +87,8 @@ def haproxy_stop(inventory: Path, quiet: bool = False) -> None:
     pidfile = lab_dir / "haproxy.pid"
     if pidfile.exists():
         for pid in pidfile.read_text().split():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         pidfile.unlink()
         if not quiet:
             print("haproxy: stopped")

@@ -7,7 +7,8 @@ import importlib
 import pytest
 import yaml
 
-MODULES = ["systemd_stop_hard", "gpu_holders_kill", "gpu_memory_assert", "engine_ready", "engine_drain", "host_lease"]
+MODULES = ["systemd_stop_hard", "gpu_holders_kill", "gpu_memory_assert", "engine_ready", "engine_drain", "host_lease", "engine_preflight",
+           "weights_prewarm"]
 TYPE_NAMES = {"str": "str", "float": "float", "int": "int", "bool": "bool", "list": "list"}
 
 

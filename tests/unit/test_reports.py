@@ -247,3 +247,13 @@ def test_switch_table_rows_and_details():
     assert lines[2].split()[:4] == ["node1", "vllm", "sglang", "rollback_failed"] and lines[3].split()[:4] == ["node2", "-", "sglang", "not_reached"]
     assert "node1: ROLLBACK FAILED, NO ENGINE IS SERVING: Rollback | Start the previous engine: failed" in table
     assert "node1: engines found running: vllm, sglang" in table and "node1: rollback_failed at verify: Bring up" in table
+
+
+def test_the_failed_phase_is_the_one_before_the_recovery_steps():
+    rolled = rotated_record("rolled_back", outcome={"result": "rolled_back", "reason": "verify failed"})
+    rolled["marks"] = rolled["marks"][:9] + [["rollback", T0 + 17], ["join_rotation", T0 + 30], ["boot", T0 + 31], ["end", T0 + 32]]
+    report = reports.switch_host_report(rolled)
+    assert report["failed_phase"] == "verify" and report["out_of_rotation"] == [T0 + 3, T0 + 31] and report["downtime_s"] == 28.0
+    stuck = rotated_record("failed", outcome={"result": "failed", "reason": "HAProxy socket refused"})
+    stuck["marks"] = stuck["marks"][:5] + [["join_rotation", T0 + 4], ["end", T0 + 5]]
+    assert reports.switch_host_report(stuck)["failed_phase"] == "leave_rotation"
