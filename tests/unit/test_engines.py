@@ -178,6 +178,19 @@ def test_facts_say_where_everything_is():
     assert facts["secrets_lines"] == ['SGLANG_API_KEY="k"'] and facts["api_key_set"]
 
 
+def test_facts_carry_what_the_preflight_checks():
+    vllm = engines.engine_facts(config("vllm", tensor_parallel_size=4, data_parallel_size=2, environment={"CUDA_VISIBLE_DEVICES": "0,1"},
+                                       speculative={"draft_model": "/models/EAGLE3"}), "vllm")
+    assert vllm["version_argv"] == ["/usr/local/bin/vllm", "--version"] and vllm["gpus_needed"] == 8
+    assert vllm["visible_devices"] == "0,1" and vllm["draft_model"] == "/models/EAGLE3"
+    assert vllm["install"] is False and vllm["version"] is None and vllm["install_dir"] is None, "only an install pins a version"
+    pinned = engines.engine_facts(config("sglang", install=True, version="0.5.23"), "sglang")
+    assert pinned["version_argv"] == ["/opt/sglang/bin/python", "-c", "import sglang; print(sglang.__version__)"]
+    assert pinned["version"] == "0.5.23" and pinned["install_dir"] == "/opt/sglang" and pinned["gpus_needed"] == 1
+    serve = engines.engine_facts(config("sglang", entry_point="serve", python="/usr/bin/python3"), "sglang")
+    assert serve["version_argv"][0] == "/usr/bin/python3" and serve["argv"][0] == "/usr/bin/sglang"
+
+
 def test_an_engine_without_a_model_still_says_where_its_unit_and_port_are():
     facts = engines.engine_facts(config("vllm", model=""), "vllm")
     assert not facts["configured"] and facts["unit"] == "vllm.service" and facts["url"] == "http://127.0.0.1:8000"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -85,3 +86,41 @@ def test_molecule_lanes_hold_every_scenario_once_longest_first_onto_the_lightest
     assert abs(load(plan[0]) - load(plan[1])) < max(run_molecule.EXPECTED_SECONDS.values())
     assert run_molecule.plan_lanes(["new_scenario"], 2) == [["new_scenario"]]
     assert run_molecule.plan_lanes(names, 1) == [sorted(names, key=lambda n: (-run_molecule.EXPECTED_SECONDS.get(n, 120), n))]
+
+
+def test_lab_model_files_are_valid_safetensors_read_in_full(tmp_path):
+    """The lab's model directories are checkpoints the preflight accepts and the doubles read to the last byte."""
+    import engine_double
+    import model_files
+
+    root = model_files.ensure(tmp_path, 8)
+    model = root / model_files.MODEL
+    shards = sorted(model.glob("*.safetensors"))
+    assert (model / "config.json").exists() and len(shards) == 2 and (root / ".complete").exists()
+    for shard in shards:
+        data = shard.read_bytes()
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + length])
+        end = max(tensor["data_offsets"][1] for name, tensor in header.items() if name != "__metadata__")
+        assert 8 + length + end == len(data), "the header's offsets cover the file exactly"
+    total = sum(path.stat().st_size for path in shards)
+    assert engine_double.read_weights([str(model), "/no/such/model"])[0] == total
+    assert model_files.ensure(tmp_path, 8) == root, "made once"
+
+
+def test_traffic_tools_stay_on_loopback_and_read_the_lab_inventory(tmp_path):
+    import traffic
+
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[gpu_nodes]\nnode1 ansible_host=127.0.0.1 ansible_port=2221 gpufleet_lab_http_port=18001\n"
+                         "node2 ansible_host=127.0.0.1 ansible_port=2222 gpufleet_lab_http_port=18002\n\n[gpu_nodes:vars]\n"
+                         f"gpufleet_lab_dir={tmp_path}\n")
+    assert traffic.lab_nodes(inventory) == (tmp_path, {"node1": 18001, "node2": 18002})
+    with pytest.raises(SystemExit, match="loopback"):
+        traffic.Load("http://10.0.0.5:8000", "m", 1, 1, None)
+    stop = tmp_path / "stop"
+    stop.touch()
+    result = traffic.Load("http://127.0.0.1:9", "m", 100, 5, stop).run(2)
+    assert result["sent"] == 0, "a stop file ends the load before it starts"
+    bounded = traffic.Load("http://127.0.0.1:9", "m", 5, 5, None).run(2)  # nothing listens on port 9
+    assert bounded["sent"] == 5 and bounded["failed"] == 5 and bounded["errors"] == {"ConnectionRefusedError": 5}
