@@ -105,12 +105,14 @@ def main() -> None:
     result = dict(changed=False, bytes=0, total_bytes=planned.total, files=len(planned.files), seconds=0.0, finished=False,
                   skipped_reason=planned.skipped)
     if planned.skipped or module.check_mode:
-        module.exit_json(**dict(result, skipped_reason=planned.skipped or "check mode: nothing read"))
+        result["skipped_reason"] = planned.skipped or "check mode: nothing read"
+        module.exit_json(**result)
     try:
         done, seconds, finished = prewarm.read_into_cache(planned.files, params["timeout"])
     except OSError as exc:
         module.fail_json(msg=f"reading the weight files: {exc}", **result)
-    module.exit_json(**dict(result, bytes=done, seconds=round(seconds, 3), finished=finished))
+    result.update(bytes=done, seconds=round(seconds, 3), finished=finished)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -247,7 +247,7 @@ def fleet_serving(hosts: dict, started=None) -> dict:
                 events.append((out[0], -1))
             if out[1] is not None:
                 events.append((out[1], +1))
-    origin = float(started) if started is not None else min([t for t, _ in events], default=0.0)
+    origin = float(started) if started is not None else min([event[0] for event in events], default=0.0)
     series, count = [[0.0, serving]], serving
     lowest = serving
     for time, change in sorted(events):
