@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm
 
-.PHONY: help setup demo demo-modules bench test lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-modules bench test lint sanity unit docs molecule lab-up lab-down clean
 
 help:
-	@echo "make setup   create $(VENV), install requirements-dev.txt, link the collection for in-place use"
+	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
 	@echo "make test    lint + docs + sanity + pytest + molecule (what CI runs)"
@@ -21,10 +21,14 @@ help:
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
 	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
 
-$(BIN)/python:
+$(BIN)/python: | os-setup
 	$(PYTHON) -m venv $(VENV)
 
-setup: $(BIN)/python
+# Debian packages first: the virtualenv itself may need python3-venv.
+os-setup:
+	bash tests/tools/os_setup.sh
+
+setup: os-setup $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	mkdir -p $(dir $(COLLECTION_LINK))
@@ -32,6 +36,7 @@ setup: $(BIN)/python
 	@echo "ready: source $(BIN)/activate"
 
 demo:
+	@test -x $(BIN)/ansible-playbook || { echo "make demo needs the tools of make setup: run make setup (as root) first"; exit 1; }
 	$(BIN)/python tests/sim/demo/run_fleet_demo.py
 
 demo-modules:

@@ -92,6 +92,22 @@ WantedBy=multi-user.target
 """
 
 
+TOOLS = ["podman", "runc", "debootstrap", "ssh", "ssh-keygen", "gcc"]
+
+
+def missing_prerequisites() -> list[str]:
+    """What the lab needs from this machine and does not find, each with what provides it."""
+    missing = [] if os.geteuid() == 0 else ["root (podman with systemd inside, debootstrap)"]
+    missing += [f"{tool} (Debian packages: requirements-os.txt)" for tool in TOOLS if not shutil.which(tool)]
+    return missing
+
+
+def require_prerequisites() -> None:
+    missing = missing_prerequisites()
+    if missing:
+        raise SystemExit("the lab needs: " + "; ".join(missing) + ". Run `make setup` as root (it installs the Debian packages).")
+
+
 def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, check=True, **kwargs)
 
@@ -320,8 +336,7 @@ def main(argv: list[str]) -> None:
     again = sub.add_parser("reset")
     again.add_argument("names", nargs="+")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        raise SystemExit("the lab needs root (podman with systemd inside, debootstrap)")
+    require_prerequisites()
     if args.command == "up":
         if not 1 <= args.nodes <= 50 or not 1 <= args.gpus <= 16:
             raise SystemExit("--nodes must be 1-50 and --gpus 1-16")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -124,3 +126,25 @@ def test_traffic_tools_stay_on_loopback_and_read_the_lab_inventory(tmp_path):
     assert result["sent"] == 0, "a stop file ends the load before it starts"
     bounded = traffic.Load("http://127.0.0.1:9", "m", 5, 5, None).run(2)  # nothing listens on port 9
     assert bounded["sent"] == 5 and bounded["failed"] == 5 and bounded["errors"] == {"ConnectionRefusedError": 5}
+
+
+def test_setup_names_the_missing_packages_and_the_command_without_root():
+    """`make setup` as a user without root installs nothing: it prints the exact command and stops."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to run the script as another user")
+    stubs = Path(tempfile.mkdtemp(prefix="gpufleet-os-setup-"))
+    try:
+        stubs.chmod(0o755)
+        dpkg = stubs / "dpkg"
+        dpkg.write_text('#!/bin/sh\n[ "$2" = haproxy ] && exit 1\nexit 0\n')  # every package installed but HAProxy
+        dpkg.chmod(0o755)
+        run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "bash", str(REPO / "tests/tools/os_setup.sh")],
+                             capture_output=True, text=True, env={"PATH": f"{stubs}:/usr/bin:/bin"}, check=False)
+    finally:
+        shutil.rmtree(stubs)
+    assert run.returncode == 1
+    assert "missing Debian packages: haproxy" in run.stderr and "run as root: apt-get update && apt-get install -y haproxy" in run.stderr

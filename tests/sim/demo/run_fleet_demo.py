@@ -28,6 +28,7 @@ def switch(target: str, quiet: bool) -> tuple[int, float]:
 
 
 def main() -> int:
+    lab.require_prerequisites()  # a missing tool is named, not a traceback
     fresh = lab.up(3, 8, reuse=True)
     if fresh:
         print("\n== the fleet starts out serving vLLM (switch_engine.yml -e target=vllm) ==")
