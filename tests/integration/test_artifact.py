@@ -1,0 +1,77 @@
+"""The collection as users get it: `ansible-galaxy collection build`, installed into an empty collections path, its
+modules documented and its playbooks run by FQCN from that installed copy alone."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+# What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
+ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "docs/*.md",
+           "playbooks/*.yml", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
+           "plugins/modules/*.py", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
+           "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
+REQUIRED = ["playbooks/switch_engine.yml", "playbooks/gpu_cleanup.yml", "plugins/modules/gpu_holders_kill.py",
+            "roles/switch_engine/tasks/main.yml", "meta/runtime.yml", "docs/reports.md"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("artifact")
+    build = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(work), str(REPO)],
+                           capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stderr
+    tarball = next(work.glob("gpufleet-serving-*.tar.gz"))
+    with tarfile.open(tarball) as archive:
+        files = sorted(member.name for member in archive.getmembers() if member.isfile())
+    collections = work / "collections"
+    # only the installed copy: no ansible.cfg of the checkout (run elsewhere), no in-place link
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_CONFIG=str(work / "none.cfg"), ANSIBLE_NOCOLOR="1")
+    install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", "--no-deps", "-p", str(collections), str(tarball)],
+                             capture_output=True, text=True, env=env, cwd=work, check=False)
+    assert install.returncode == 0 and (collections / "ansible_collections/gpufleet/serving/MANIFEST.json").exists(), install.stdout
+    return {"files": files, "collections": collections, "env": env, "cwd": work}
+
+
+def test_the_artifact_holds_only_allow_listed_files(installed):
+    unexpected = [name for name in installed["files"] if not any(fnmatch.fnmatch(name, pattern) for pattern in ALLOWED)]
+    assert unexpected == [], f"not allow-listed: {unexpected[:20]}"
+    assert [name for name in REQUIRED if name not in installed["files"]] == []
+
+
+def test_installed_modules_are_documented(installed):
+    for module in ("gpu_holders_kill", "engine_preflight", "weights_prewarm"):
+        doc = subprocess.run([str(BIN / "ansible-doc"), "--json", f"gpufleet.serving.{module}"], capture_output=True, text=True,
+                             env=installed["env"], cwd=installed["cwd"], check=False)
+        assert doc.returncode == 0, doc.stderr
+        found = json.loads(doc.stdout)[f"gpufleet.serving.{module}"]["doc"]
+        assert found["filename"].startswith(str(installed["collections"])), "documented from the installed copy"
+        assert found["options"], module
+
+
+def test_playbooks_run_by_fqcn_from_the_installed_copy(installed):
+    inventory = installed["cwd"] / "inventory.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n\n[gpu_nodes]\n")
+
+    def playbook(*args):
+        return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args], capture_output=True, text=True,
+                              env=installed["env"], cwd=installed["cwd"], check=False)
+
+    refused = playbook("gpufleet.serving.switch_engine", "-e", "target=trtllm")
+    assert refused.returncode != 0 and "set the engine to switch to: -e target=vllm or -e target=sglang (got trtllm)" in refused.stdout
+    # an empty fleet: every play runs, the report is built and written by the installed filters
+    empty = playbook("gpufleet.serving.switch_engine", "-e", "target=sglang")
+    assert empty.returncode == 0, empty.stdout[-2000:]
+    assert (installed["cwd"] / "reports" / "switch_engine.json").exists()
+    cleanup = playbook("gpufleet.serving.gpu_cleanup", "--check")
+    assert cleanup.returncode == 0, cleanup.stdout[-2000:]
