@@ -17,7 +17,7 @@ from conftest import REPO
 BIN = Path(sys.executable).parent
 # What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
 ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "docs/*.md",
-           "playbooks/*.yml", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
+           "playbooks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
            "plugins/modules/*.py", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
            "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
 REQUIRED = ["playbooks/switch_engine.yml", "playbooks/gpu_cleanup.yml", "plugins/modules/gpu_holders_kill.py",
@@ -50,7 +50,7 @@ def test_the_artifact_holds_only_allow_listed_files(installed):
 
 
 def test_installed_modules_are_documented(installed):
-    for module in ("gpu_holders_kill", "engine_preflight", "weights_prewarm"):
+    for module in ("gpu_holders_kill", "engine_preflight", "weights_prewarm", "display_text"):
         doc = subprocess.run([str(BIN / "ansible-doc"), "--json", f"gpufleet.serving.{module}"], capture_output=True, text=True,
                              env=installed["env"], cwd=installed["cwd"], check=False)
         assert doc.returncode == 0, doc.stderr
@@ -73,5 +73,7 @@ def test_playbooks_run_by_fqcn_from_the_installed_copy(installed):
     empty = playbook("gpufleet.serving.switch_engine", "-e", "target=sglang")
     assert empty.returncode == 0, empty.stdout[-2000:]
     assert (installed["cwd"] / "reports" / "switch_engine.json").exists()
+    # the table is printed as plain lines (gpufleet.serving.display_text), not as JSON-quoted strings
+    assert "\nhost  from  to  result  downtime s" in empty.stdout and f"\nJSON report: {installed['cwd']}/reports/switch_engine.json\n" in empty.stdout
     cleanup = playbook("gpufleet.serving.gpu_cleanup", "--check")
     assert cleanup.returncode == 0, cleanup.stdout[-2000:]
