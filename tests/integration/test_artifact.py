@@ -12,11 +12,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
 # What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
-ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "docs/*.md",
+ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md",
            "playbooks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
            "plugins/modules/*.py", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
            "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
@@ -77,3 +78,24 @@ def test_playbooks_run_by_fqcn_from_the_installed_copy(installed):
     assert "\nhost  from  to  result  downtime s" in empty.stdout and f"\nJSON report: {installed['cwd']}/reports/switch_engine.json\n" in empty.stdout
     cleanup = playbook("gpufleet.serving.gpu_cleanup", "--check")
     assert cleanup.returncode == 0, cleanup.stdout[-2000:]
+
+
+def test_an_execution_environment_reads_the_collections_requirements(installed, tmp_path):
+    """ansible-builder finds the controller's Python and system needs in the installed collection, and accepts an EE
+    definition that installs the artifact (`create` writes the build context; building it needs a registry)."""
+    introspect = subprocess.run([str(BIN / "ansible-builder"), "introspect", "--sanitize", str(installed["collections"])],
+                                capture_output=True, text=True, check=False)
+    assert introspect.returncode == 0, introspect.stderr
+    found = yaml.safe_load(introspect.stdout)
+    assert found["python"] == ["jinja2>=3.1  # from collection gpufleet.serving"]
+    assert "openssh-client [platform:dpkg]  # from collection gpufleet.serving" in found["system"]
+    tarball = next(installed["cwd"].glob("gpufleet-serving-*.tar.gz"))
+    definition = tmp_path / "execution-environment.yml"
+    definition.write_text(yaml.safe_dump({
+        "version": 3, "images": {"base_image": {"name": "quay.io/fedora/fedora:41"}},
+        "dependencies": {"ansible_core": {"package_pip": "ansible-core>=2.17,<2.20"}, "ansible_runner": {"package_pip": "ansible-runner"},
+                         "galaxy": {"collections": [{"name": str(tarball), "type": "file"}, {"name": "community.general"}]}}}))
+    create = subprocess.run([str(BIN / "ansible-builder"), "create", "-f", str(definition), "-c", str(tmp_path / "context")],
+                            capture_output=True, text=True, check=False)
+    assert create.returncode == 0, create.stdout + create.stderr
+    assert "ansible-galaxy collection install" in (tmp_path / "context" / "Containerfile").read_text()
