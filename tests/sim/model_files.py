@@ -12,9 +12,11 @@ prewarm reads them into the page cache before the drain. A directory is complete
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 MODEL = "Llama-3.3-70B-Instruct"
@@ -62,19 +64,21 @@ def write_model(directory: Path, mib: int, shards: int, prefix: str) -> None:
 
 
 def ensure(root: Path, mib: int) -> Path:
-    """root/<mib>m/ with both models; made once."""
+    """root/<mib>m/ with both models; made once, by one process at a time (labs start side by side)."""
     target = root / f"{mib}m"
-    if (target / ".complete").exists():
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    work = root / f".{mib}m.partial"
-    shutil.rmtree(work, ignore_errors=True)
-    write_model(work / MODEL, mib, min(8, max(2, mib // 128)), "model")
-    write_model(work / DRAFT, max(4, mib // 16), 1, "draft")
-    for path in [work, *work.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)  # readable by an engine's own user
-    work.rename(target)
-    (target / ".complete").write_text("")
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second lab waits for the first one's models instead of racing it
+        if (target / ".complete").exists():
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{mib}m.", dir=root))
+        write_model(work / MODEL, mib, min(8, max(2, mib // 128)), "model")
+        write_model(work / DRAFT, max(4, mib // 16), 1, "draft")
+        for path in [work, *work.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)  # readable by an engine's own user
+        work.rename(target)
+        (target / ".complete").write_text("")
     return target
 
 

@@ -148,3 +148,14 @@ def test_setup_names_the_missing_packages_and_the_command_without_root():
         shutil.rmtree(stubs)
     assert run.returncode == 1
     assert "missing Debian packages: haproxy" in run.stderr and "run as root: apt-get update && apt-get install -y haproxy" in run.stderr
+
+
+def test_model_files_made_once_when_labs_start_side_by_side(tmp_path):
+    """Two labs starting at once (the Molecule lanes) both get the model directory; it is written once."""
+    import subprocess
+
+    script = REPO / "tests" / "sim" / "model_files.py"
+    runs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), "--mib", "16"], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [run.communicate()[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0, 0] and set(outputs) == {str(tmp_path / "16m")}
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".lock", "16m"], "no partial directory left"
