@@ -1,7 +1,7 @@
 """Each role's README.md, rendered from its meta/argument_specs.yml (the one source of its variables).
 
     python tests/tools/role_readmes.py          write roles/*/README.md
-    python tests/tools/role_readmes.py --check  exit 1 naming the READMEs that differ (tests/unit/test_role_readmes.py)
+    python tests/tools/role_readmes.py --check  exit 1 naming the READMEs that differ (tests/unit/roles/test_role_readmes.py)
 """
 
 from __future__ import annotations
