@@ -40,3 +40,16 @@ class NvmlHung(Error):
 
 class LockTimeout(Error):
     """Another run holds the host lock for longer than we may wait."""
+
+
+class EngineExited(Error):
+    """The engine's unit stopped (failed or inactive) while it was awaited."""
+
+
+class CheckFailed(Error):
+    """What the task verifies does not hold (an engine's speculative-decoding acceptance under its floor, requests
+    still running at the drain's deadline)."""
+
+
+class RequesterGone(Error):
+    """Whoever asked for the lease is gone (its controller was interrupted): the wait ended, taking nothing."""

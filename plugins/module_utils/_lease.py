@@ -11,10 +11,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import time
 from dataclasses import dataclass
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, LockTimeout, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import LOCK_DIRECTORY
 
 RETRY_SECONDS = 0.5
@@ -123,3 +125,41 @@ class LeaseStore:
             return True
         finally:
             os.close(fd)
+
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass
+class LeaseRequest:
+    name: str
+    owner: str
+    state: str
+    lease_seconds: float
+    wait_timeout: float
+    break_owner: str | None
+
+    @classmethod
+    def from_params(cls, params: dict) -> LeaseRequest:
+        if not NAME.match(params["name"]):
+            raise InvalidInput(f"name must be 1-64 letters, digits, '-', '_' or '.', got {params['name']!r}")
+        if params["lease_seconds"] <= 0:
+            raise InvalidInput(f"lease_seconds must be greater than 0, got {params['lease_seconds']:g}")
+        if params["wait_timeout"] < 0:
+            raise InvalidInput(f"wait_timeout must be at least 0, got {params['wait_timeout']:g}")
+        return cls(params["name"], params["owner"], params["state"], params["lease_seconds"], params["wait_timeout"], params["break_owner"])
+
+
+def take(request: LeaseRequest, store: LeaseStore, dry_run: bool, still_wanted, clock=time.monotonic) -> dict:
+    """Take (or renew) the lease for the request's owner; the report. Raises RequesterGone or LockTimeout, taking nothing."""
+    started = clock()
+    outcome = store.acquire(request.owner, request.lease_seconds, request.wait_timeout, dry_run=dry_run,
+                            break_owner=request.break_owner, still_wanted=still_wanted)
+    waited = clock() - started
+    if outcome.abandoned:
+        raise RequesterGone(f"{request.name}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for the "
+                            "lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder, recovered=None, waited=waited)
+    if outcome.holder["owner"] != request.owner:
+        raise LockTimeout(f"{request.name} is held by {outcome.holder['owner']} (taken {outcome.holder['age']:.0f}s ago, expires in "
+                          f"{outcome.holder['expires_in']:.0f}s); waited {waited:.0f}s", holder=outcome.holder, recovered=None, waited=waited)
+    return dict(changed=outcome.taken, holder=outcome.holder, recovered=outcome.recovered, waited=waited)

@@ -83,7 +83,8 @@ elapsed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils._polling import poll_until
+from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
 ARGUMENT_SPEC = dict(
     engine=dict(type="str", required=True, choices=["vllm", "sglang"]),
@@ -96,18 +97,12 @@ ARGUMENT_SPEC = dict(
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    if params["timeout"] < 0 or params["interval"] <= 0:
-        module.fail_json(msg="timeout must be at least 0 and interval greater than 0")
-    engine = params["engine"]
-    client = http.HttpClient(params["url"] or f"http://127.0.0.1:{http.DEFAULT_PORTS[engine]}", timeout=5)
-    outcome = poll_until(lambda: http.running_requests(engine, client), lambda running: running is None or running == 0,
-                         params["timeout"], params["interval"])
-    result = dict(changed=False, drained=outcome.satisfied, running=outcome.value, answering=outcome.value is not None,
-                  elapsed=outcome.elapsed)
-    if not outcome.satisfied and params["fail_on_timeout"]:
-        module.fail_json(msg=f"{outcome.value:g} request(s) still running after {params['timeout']:g}s", **result)
-    module.exit_json(**result)
+    try:
+        request = readiness.DrainRequest.from_params(module.params)
+        result = readiness.wait_drained(request, http.HttpClient(request.url, timeout=5))
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

@@ -119,14 +119,12 @@ elapsed:
   type: float
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._polling import poll_until
-from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
+from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 ARGUMENT_SPEC = dict(
     engine=dict(type="str", required=True, choices=["vllm", "sglang"]),
@@ -142,48 +140,29 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def unit_state(module: AnsibleModule, unit: str) -> str:
-    systemctl = module.get_bin_path("systemctl", required=True)
-    rc, out, _err = module.run_command([systemctl, "show", "-p", "ActiveState", "--value", "--", unit], environ_update={"LC_ALL": "C"})
-    return out.strip() if rc == 0 else "unknown"
+def unit_state_reader(module: AnsibleModule):
+    """The unit's ActiveState through the collection's one systemctl seam; 'unknown' when systemctl cannot say."""
+    systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def unit_state(unit: str) -> str:
+        try:
+            return systemctl.show(unit).active_state or "unknown"
+        except CommandFailed:
+            return "unknown"
+    return unit_state
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
     try:
-        timeout = non_negative("timeout", params["timeout"])
-        interval = non_negative("interval", params["interval"], minimum_exclusive=True)
-    except InvalidInput as exc:
-        module.fail_json(msg=exc.msg)
-    engine = params["engine"]
-    client = http.HttpClient(params["url"] or f"http://127.0.0.1:{http.DEFAULT_PORTS[engine]}", params["api_key"])
-    started = time.monotonic()
-    states = {}
-
-    def probe() -> http.Readiness:
-        if params["unit"]:
-            states["unit"] = unit_state(module, params["unit"])
-            if states["unit"] in ("failed", "inactive"):
-                module.fail_json(msg=f"{params['unit']} is {states['unit']}: the engine exited while starting (journalctl -u {params['unit']})",
-                                 ready=False, unit_state=states["unit"], elapsed=time.monotonic() - started)
-        return http.check_ready(engine, client, params["model"], params["completion"])
-
-    outcome = poll_until(probe, lambda readiness: readiness.ready, timeout, interval)
-    result = dict(changed=False, ready=outcome.value.ready, checks=outcome.value.checks, waiting_for=outcome.value.waiting_for,
-                  elapsed=time.monotonic() - started)
-    if params["unit"]:
-        result["unit_state"] = states.get("unit")
-    if outcome.value.ready and params["min_spec_acceptance"] is not None:
-        before = http.spec_counters(engine, client)
-        for _request in range(max(1, params["probe_requests"])):
-            client.request("POST", "/v1/completions", {"model": params["model"], "prompt": "Count to ten:", "max_tokens": 16})
-        acceptance = http.spec_acceptance(engine, before, http.spec_counters(engine, client))
-        result["spec_acceptance"] = acceptance
-        if acceptance is None or acceptance < params["min_spec_acceptance"]:
-            module.fail_json(msg=f"speculative decoding acceptance {acceptance if acceptance is not None else 'unavailable'} is below "
-                                 f"min_spec_acceptance {params['min_spec_acceptance']}: the drafter slows this engine down", **result)
-    module.exit_json(**result)
+        request = readiness.ReadyRequest.from_params(module.params)
+        client = http.HttpClient(request.url, request.api_key)
+        result = readiness.wait_ready(request, client, unit_state_reader(module) if request.unit else None)
+        if result["ready"] and request.min_spec_acceptance is not None:
+            result["spec_acceptance"] = readiness.check_acceptance(request, client, result)
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

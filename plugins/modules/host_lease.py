@@ -86,12 +86,11 @@ waited:
 """
 
 import os
-import re
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -105,27 +104,18 @@ ARGUMENT_SPEC = dict(
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", params["name"]) or params["lease_seconds"] <= 0 or params["wait_timeout"] < 0:
-        module.fail_json(msg="name must be 1-64 letters, digits, '-', '_' or '.'; lease_seconds > 0; wait_timeout >= 0")
-    store = lease.LeaseStore(params["name"])
-    if params["state"] == "released":
-        released = store.release(params["owner"], dry_run=module.check_mode)
-        module.exit_json(changed=released, holder=None, recovered=None, waited=0.0)
-    started = time.monotonic()
     parent = os.getppid()
-    # a wait whose controller was interrupted must not take the lease later for a run that no longer exists
-    outcome = store.acquire(params["owner"], params["lease_seconds"], params["wait_timeout"], dry_run=module.check_mode,
-                            break_owner=params["break_owner"], still_wanted=lambda: not lease.requester_gone(parent=parent))
-    waited = time.monotonic() - started
-    if outcome.abandoned:
-        module.fail_json(msg=f"{params['name']}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for "
-                             "the lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder,
-                         recovered=None, waited=waited)
-    if outcome.holder["owner"] != params["owner"]:
-        module.fail_json(msg=f"{params['name']} is held by {outcome.holder['owner']} (taken {outcome.holder['age']:.0f}s ago, expires in "
-                             f"{outcome.holder['expires_in']:.0f}s); waited {waited:.0f}s", holder=outcome.holder, recovered=None, waited=waited)
-    module.exit_json(changed=outcome.taken, holder=outcome.holder, recovered=outcome.recovered, waited=waited)
+    try:
+        request = lease.LeaseRequest.from_params(module.params)
+        store = lease.LeaseStore(request.name)
+        if request.state == "released":
+            result = dict(changed=store.release(request.owner, dry_run=module.check_mode), holder=None, recovered=None, waited=0.0)
+        else:
+            # a wait whose controller was interrupted must not take the lease later for a run that no longer exists
+            result = lease.take(request, store, module.check_mode, still_wanted=lambda: not lease.requester_gone(parent=parent))
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

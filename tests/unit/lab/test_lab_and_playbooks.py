@@ -155,7 +155,7 @@ def test_model_files_made_once_when_labs_start_side_by_side(tmp_path):
     import subprocess
 
     script = REPO / "tests" / "sim" / "model_files.py"
-    runs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), "--mib", "16"], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    runs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), "--mib", "16"], stdout=subprocess.PIPE, text=True) for _copy in range(3)]
     outputs = [run.communicate()[0].strip() for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0] and set(outputs) == {str(tmp_path / "16m")}
     assert sorted(path.name for path in tmp_path.iterdir()) == [".lock", "16m"], "no partial directory left"

@@ -1,0 +1,114 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""engine_ready and engine_drain without AnsibleModule: their requests, validated; the waits; the verdicts.
+
+The waits observe through two seams the modules hand in - the engine's HTTP client and a function returning a unit's
+ActiveState - and never end the module themselves: a failure is raised as an Error with its context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
+
+EXITED_STATES = ("failed", "inactive")
+SPEC_PROMPT = "Count to ten:"
+
+
+@dataclass
+class ReadyRequest:
+    engine: str
+    url: str
+    model: str
+    api_key: str | None
+    unit: str | None
+    timeout: float
+    interval: float
+    completion: bool
+    min_spec_acceptance: float | None
+    probe_requests: int
+
+    @classmethod
+    def from_params(cls, params: dict) -> ReadyRequest:
+        floor = params["min_spec_acceptance"]
+        if floor is not None and not 0 <= floor <= 1:
+            raise InvalidInput(f"min_spec_acceptance must be between 0 and 1, got {floor}")
+        if params["probe_requests"] < 1:
+            raise InvalidInput(f"probe_requests must be at least 1, got {params['probe_requests']}")
+        return cls(engine=params["engine"], url=params["url"] or f"http://127.0.0.1:{http.DEFAULT_PORTS[params['engine']]}",
+                   model=params["model"], api_key=params["api_key"], unit=params["unit"] or None,
+                   timeout=non_negative("timeout", params["timeout"]),
+                   interval=non_negative("interval", params["interval"], minimum_exclusive=True), completion=params["completion"],
+                   min_spec_acceptance=floor, probe_requests=params["probe_requests"])
+
+
+@dataclass
+class ReadyProbe:
+    readiness: http.Readiness | None  # None: not asked, the unit had exited
+    unit_state: str | None
+
+
+def wait_ready(request: ReadyRequest, client: http.HttpClient, unit_state=None, clock: Clock | None = None) -> dict:
+    """Poll until the engine serves or the deadline; the report. Raises EngineExited when its unit stops meanwhile."""
+    def probe() -> ReadyProbe:
+        state = unit_state(request.unit) if request.unit and unit_state else None
+        if state in EXITED_STATES:
+            return ReadyProbe(None, state)
+        return ReadyProbe(http.check_ready(request.engine, client, request.model, request.completion), state)
+
+    outcome = poll_until(probe, lambda found: found.readiness is not None and found.readiness.ready, request.timeout, request.interval,
+                         clock=clock, stop_early=lambda found: found.readiness is None)
+    found = outcome.value
+    if found.readiness is None:
+        raise EngineExited(f"{request.unit} is {found.unit_state}: the engine exited while starting (journalctl -u {request.unit})",
+                           ready=False, unit_state=found.unit_state, elapsed=outcome.elapsed)
+    report = dict(ready=found.readiness.ready, checks=found.readiness.checks, waiting_for=found.readiness.waiting_for, elapsed=outcome.elapsed)
+    if request.unit:
+        report["unit_state"] = found.unit_state
+    return report
+
+
+def check_acceptance(request: ReadyRequest, client: http.HttpClient, report: dict) -> float | None:
+    """Speculative-decoding acceptance over probe requests; raises CheckFailed under the floor (the report as context)."""
+    before = http.spec_counters(request.engine, client)
+    for _request in range(request.probe_requests):
+        client.request("POST", "/v1/completions", {"model": request.model, "prompt": SPEC_PROMPT, "max_tokens": 16})
+    acceptance = http.spec_acceptance(request.engine, before, http.spec_counters(request.engine, client))
+    if acceptance is None or acceptance < request.min_spec_acceptance:
+        raise CheckFailed(f"speculative decoding acceptance {acceptance if acceptance is not None else 'unavailable'} is below "
+                          f"min_spec_acceptance {request.min_spec_acceptance}: the drafter slows this engine down",
+                          **dict(report, spec_acceptance=acceptance))
+    return acceptance
+
+
+@dataclass
+class DrainRequest:
+    engine: str
+    url: str
+    timeout: float
+    interval: float
+    fail_on_timeout: bool
+
+    @classmethod
+    def from_params(cls, params: dict) -> DrainRequest:
+        return cls(engine=params["engine"], url=params["url"] or f"http://127.0.0.1:{http.DEFAULT_PORTS[params['engine']]}",
+                   timeout=non_negative("timeout", params["timeout"]),
+                   interval=non_negative("interval", params["interval"], minimum_exclusive=True), fail_on_timeout=params["fail_on_timeout"])
+
+
+def wait_drained(request: DrainRequest, client: http.HttpClient, clock: Clock | None = None) -> dict:
+    """Poll the engine's running and queued requests until 0 (or it does not answer) or the deadline; the report."""
+    outcome = poll_until(lambda: http.running_requests(request.engine, client), lambda running: running is None or running == 0,
+                         request.timeout, request.interval, clock=clock)
+    report = dict(drained=outcome.satisfied, running=outcome.value, answering=outcome.value is not None, elapsed=outcome.elapsed)
+    if not outcome.satisfied and request.fail_on_timeout:
+        raise CheckFailed(f"{outcome.value:g} request(s) still running after {request.timeout:g}s", **report)
+    return report
