@@ -19,7 +19,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Ch
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
-EXITED_STATES = ("failed", "inactive")
+# the engine is not running: failed, stopped, or exited and waiting for systemd's restart (a crash loop reads "activating")
+EXITED_STATES = ("failed", "inactive", "auto-restart")
 SPEC_PROMPT = "Count to ten:"
 
 

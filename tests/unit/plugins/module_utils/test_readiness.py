@@ -38,12 +38,12 @@ def test_requests_are_validated_naming_the_option():
 
 
 def test_a_unit_that_exits_while_awaited_ends_the_wait_at_once_with_an_error():
-    states = iter(["activating", "activating", "failed"])
+    states = iter(["activating", "activating", "auto-restart"])
     clock = FakeClock()
     with pytest.raises(EngineExited) as raised:
         readiness.wait_ready(readiness.ReadyRequest.from_params(READY_PARAMS), ScriptedClient({}), lambda unit: next(states), clock=clock)
-    assert raised.value.msg.startswith("vllm.service is failed: the engine exited while starting")
-    assert raised.value.context["unit_state"] == "failed" and clock.now == 2.0, "the third reading ended it, not the deadline"
+    assert raised.value.msg.startswith("vllm.service is auto-restart: the engine exited while starting")
+    assert raised.value.context["unit_state"] == "auto-restart" and clock.now == 2.0, "the third reading ended it, not the deadline"
 
 
 def test_ready_and_not_ready_are_reports():
