@@ -37,15 +37,35 @@ INIT_PID_NAMESPACE = "pid:[4026531836]"  # PROC_PID_INIT_INO
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 IMPLAUSIBLE_PID = "implausible PID"  # the stale reason of an NVML PID no process can have
 
-# Never signalled whatever the options: NVIDIA and infrastructure daemons that hold GPUs legitimately.
-BUILTIN_PROTECTED_NAMES = (
-    "nvidia-persistenced", "nv-hostengine", "nvidia-fabricmanager", "nv-fabricmanager", "dcgm-exporter",
-    "nvidia-imex", "nvidia-gridd", "nvidia-topologyd", "nvlsm", "Xorg", "Xwayland", "sshd", "systemd",
-    "containerd-shim", "containerd", "dockerd",
-    # Ansible controllers on a local connection: an async task's module is detached from them, so
-    # they are not its ancestors, yet they run the play (and inherit whatever fds their shell held).
-    "ansible-playbook", "ansible", "ansible-pull",
-)
+# Never signalled whatever the options: daemons a GPU node runs besides the engines, each with why.
+PROTECTED_DAEMONS = {
+    "nvidia-persistenced": "keeps the driver loaded; killing it tears the GPUs' state down",
+    "nv-hostengine": "DCGM host engine (health, metrics)",
+    "dcgmi": "DCGM command line (diagnostics an operator runs)",
+    "dcgm-exporter": "DCGM metrics exporter",
+    "nvidia-fabricmanager": "NVSwitch fabric manager: without it the GPUs lose NVLink",
+    "nv-fabricmanager": "NVSwitch fabric manager: without it the GPUs lose NVLink",
+    "nvidia-imex": "IMEX daemon (multi-node NVLink memory export)",
+    "nvidia-gridd": "vGPU licensing daemon",
+    "nvidia-topologyd": "vGPU topology daemon",
+    "nvlsm": "NVLink subnet manager",
+    # MPS: the control daemon starts a server that holds GPU memory for all its clients. Killing the server breaks
+    # every MPS client and the daemon starts another; the memory assertion names it instead (stop MPS with `quit`).
+    "nvidia-cuda-mps-control": "CUDA MPS control daemon",
+    "nvidia-cuda-mps-server": "CUDA MPS server, owned by its control daemon: stop MPS with its quit command",
+    # Kubernetes: the device plugin, feature discovery and the GPU Operator's validators and MIG manager
+    "nvidia-device-plugin": "Kubernetes device plugin",
+    "gpu-feature-discovery": "Kubernetes GPU feature discovery",
+    "nvidia-validator": "GPU Operator validator",
+    "nvidia-mig-manager": "GPU Operator MIG manager",
+    "nvidia-mig-parted": "MIG partition editor",
+    "Xorg": "display server", "Xwayland": "display server", "sshd": "remote access", "systemd": "service manager",
+    "containerd-shim": "container runtime", "containerd": "container runtime", "dockerd": "container runtime",
+    # Ansible controllers on a local connection: an async task's module is detached from them, so they are not its
+    # ancestors, yet they run the play (and inherit whatever fds their shell held).
+    "ansible-playbook": "Ansible controller", "ansible": "Ansible controller", "ansible-pull": "Ansible controller",
+}
+BUILTIN_PROTECTED_NAMES = tuple(PROTECTED_DAEMONS)
 COMM_LENGTH = 15  # the kernel cuts comm to TASK_COMM_LEN - 1
 
 
@@ -204,12 +224,12 @@ def in_init_pid_namespace() -> bool:
 
 
 def protected_name(comm: str, exe: str | None, names: list[str]) -> str | None:
-    """The protected name this process carries as comm (cut at 15 characters) or executable name."""
+    """The protected name this process carries as executable name or, failing that, as comm (cut at 15 characters:
+    names sharing their first 15 characters are told apart by the executable only)."""
     exe_name = os.path.basename(exe.removesuffix(" (deleted)")) if exe else None
-    for name in names:
-        if comm == name[:COMM_LENGTH] or exe_name == name:
-            return name
-    return None
+    if exe_name in names:
+        return exe_name
+    return next((name for name in names if comm == name[:COMM_LENGTH]), None)
 
 
 @dataclass
@@ -237,7 +257,10 @@ class Guard:
         if pid in self.pids:
             return "listed in protected_pids"
         name = protected_name(info["comm"], info["exe"], self.names)
-        return f"protected name {name}" if name else None
+        if not name:
+            return None
+        why = PROTECTED_DAEMONS.get(name)
+        return f"protected name {name} ({why})" if why else f"protected name {name}"
 
 
 @dataclass
@@ -255,6 +278,8 @@ class KillPlan:
     protected: list[dict] = field(default_factory=list)
     stale_nvml_pids: list[dict] = field(default_factory=list)
     ambiguous: list[dict] = field(default_factory=list)
+    outside: list[dict] = field(default_factory=list)  # outside the units being stopped, left alone (report) or refused (fail)
+    restarting: list[dict] = field(default_factory=list)  # in another service systemd would restart: refused
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
@@ -32,6 +34,13 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._signals import S
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
 SOURCES = ("proc", "nvml")
+OUTSIDE_UNITS = ("kill", "report", "fail")
+SESSION_SCOPE = re.compile(r"^session-[^/]+\.scope$")
+# where logind does not run, an SSH login's processes stay in the SSH daemon's own service
+SSH_SERVICES = ("ssh.service", "sshd.service")
+# the scopes container engines put each container in (docker, podman, containerd and CRI-O under Kubernetes)
+CONTAINER_SCOPE = re.compile(r"^(docker|libpod|libpod-conmon|cri-containerd|crio|crio-conmon|containerd)-[^/]+\.scope$")
+NO_RESTART = ("", "no")
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class KillRequest:
     kill_ambiguous: bool
     nvml_timeout: float
     lock_timeout: float
+    units: tuple[str, ...] = ()
+    outside_units: str = "kill"
 
     @classmethod
     def from_params(cls, params: dict, reader: ProcReader) -> KillRequest:
@@ -58,6 +69,13 @@ class KillRequest:
         for pattern in device_paths:
             if not os.path.isabs(pattern) or "\0" in pattern or "\n" in pattern:
                 raise InvalidInput(f"device_paths: {pattern!r} is not an absolute path or glob")
+        units = tuple(params.get("units") or ())
+        for unit in units:
+            if not unit or "/" in unit or not unit.isprintable() or "." not in unit:
+                raise InvalidInput(f"units: {unit!r} is not a unit name (for example vllm.service)")
+        outside_units = params.get("outside_units") or "kill"
+        if outside_units not in OUTSIDE_UNITS:
+            raise InvalidInput(f"outside_units: {outside_units!r} is not one of {', '.join(OUTSIDE_UNITS)}")
         protected = list(params.get("protected") or [])
         for name in protected:
             if not name or "/" in name or not name.isprintable():
@@ -74,6 +92,8 @@ class KillRequest:
             kill_ambiguous=params.get("ambiguous") == "kill",
             nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
             lock_timeout=non_negative("lock_timeout", params["lock_timeout"]),
+            units=units,
+            outside_units=outside_units,
         )
 
     @property
@@ -89,8 +109,12 @@ def _protected_pid(pid: int, reader: ProcReader) -> int:
     return pid
 
 
-def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None) -> KillPlan:
-    """Find every holder of the selected GPUs and decide, for each, target or protected."""
+def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None,
+            restart_policy: Callable[[str], tuple[str, int]] | None = None) -> KillPlan:
+    """Find every holder of the selected GPUs and decide, for each, target, protected or left alone.
+
+    restart_policy(unit) gives a service's Restart= setting and main PID (("", 0) where systemd does not run).
+    """
     warnings = []
     inventory = None
     if request.needs_nvml:
@@ -133,6 +157,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
         plan.targets = sorted(plan.targets + [{k: v for k, v in holder.items() if k != "reason"} for holder in plan.ambiguous],
                               key=lambda holder: holder["pid"])
         plan.ambiguous = []
+    place_holders(plan, request, restart_policy or (lambda _unit: ("", 0)))
     plan.warnings = warnings + _unit_warnings(plan)
     if plan.ambiguous:
         plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
@@ -140,10 +165,70 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     return plan
 
 
+def placement(holder: dict, units: tuple[str, ...]) -> str:
+    """Where a holder runs: in one of the units being stopped, in another service, a login session, a container, or
+    elsewhere (a transient scope such as systemd-run --scope, or no unit at all)."""
+    unit = holder.get("unit") or ""
+    if unit in units:
+        return "listed_unit"
+    if SESSION_SCOPE.match(unit) or unit in SSH_SERVICES:
+        return "session"
+    if unit.endswith(".service"):
+        return "other_service"
+    if CONTAINER_SCOPE.match(unit):
+        return "container"
+    return "elsewhere"
+
+
+def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable[[str], tuple[str, int]]) -> None:
+    """Mark every holder with its placement and apply outside_units to the targets outside the given units.
+
+    systemd starts a service again when its main process exits (Restart= other than no): a holder that is the main
+    process of another such service is never killed alone. It goes to `restarting`, which fails the task, unless
+    outside_units is report (then it is left running with the others).
+    """
+    policies: dict[str, tuple[str, int]] = {}
+    for holder in plan.holders + plan.targets + plan.protected + plan.ambiguous:
+        holder["placement"] = placement(holder, request.units)
+        if holder["placement"] == "other_service":
+            unit = holder["unit"]
+            if unit not in policies:
+                policies[unit] = restart_policy(unit)
+            restart, main_pid = policies[unit]
+            holder["restart"] = restart or "no"
+            holder["main_process"] = holder["pid"] == main_pid
+    inside = [target for target in plan.targets if target["placement"] == "listed_unit"]
+    outside = [target for target in plan.targets if target["placement"] != "listed_unit"]
+    if request.outside_units == "report":
+        plan.targets, plan.outside = inside, outside
+        return
+    if request.outside_units == "fail":
+        plan.outside = outside
+        return
+    plan.restarting = [target for target in outside if target.get("main_process") and target["restart"] not in NO_RESTART]
+
+
+def refusal(plan: KillPlan, request: KillRequest) -> str | None:
+    """Why nothing may be signalled: targets outside the units under outside_units=fail, or in a restarting service."""
+    if request.outside_units == "fail" and plan.outside:
+        return (f"{len(plan.outside)} process(es) hold the GPUs outside the units being stopped ({_describe(plan.outside)}) and "
+                "outside_units is fail: nothing was signalled")
+    if plan.restarting:
+        units = sorted({f"{target['unit']} (Restart={target['restart']})" for target in plan.restarting})
+        return (f"processes holding the GPUs run in {', '.join(units)}, which systemd would start again: nothing was signalled. "
+                "Stop the unit with it (add it to the units being stopped), or stop it first")
+    return too_many_targets(plan, request)
+
+
+def _describe(holders: list[dict]) -> str:
+    shown = [f"pid {holder['pid']} {holder.get('comm')} in {holder.get('unit') or 'no unit'} ({holder['placement']})" for holder in holders[:5]]
+    return "; ".join(shown) + (f"; and {len(holders) - 5} more" if len(holders) > 5 else "")
+
+
 def _unit_warnings(plan: KillPlan) -> list[str]:
-    """A holder inside a service may be restarted by systemd: stopping the unit first is the cure."""
-    units = sorted({target["unit"] for target in plan.targets if (target.get("unit") or "").endswith(".service")})
-    return [f"holders run in {unit}: stop it with gpufleet.serving.systemd_stop_hard first, or systemd may restart them" for unit in units]
+    """A holder killed inside a service that does not restart leaves that service running without it."""
+    units = sorted({target["unit"] for target in plan.targets if target.get("placement") == "other_service"} - {t["unit"] for t in plan.restarting})
+    return [f"holders run in {unit}, which is not among the units being stopped: they are killed, the unit is not stopped" for unit in units]
 
 
 def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
@@ -162,7 +247,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
-            "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
+            "outside": plan.outside, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

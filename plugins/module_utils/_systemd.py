@@ -251,16 +251,17 @@ class Cgroup:
         return not self.pids()
 
     def kill_all(self, signaller: Signaller, deadline: Deadline) -> str:
-        """SIGKILL everything in the group; returns the method used."""
+        """SIGKILL everything in the group; returns the method used (and why cgroup.kill was not)."""
+        refused = ""
         if self.has_kill_file:
             try:
                 with open(os.path.join(self.directory, "cgroup.kill"), "w", encoding="ascii") as kill:
                     kill.write("1")
                 return "cgroup.kill"
-            except OSError:
-                pass  # threaded group (EOPNOTSUPP) or a kernel that refuses: fall back to the loop
+            except OSError as exc:  # threaded group (EOPNOTSUPP) or a kernel that refuses: fall back to the loop
+                refused = f" (cgroup.kill failed: {exc.strerror or exc})"
         self._kill_loop(signaller, deadline)
-        return "signal loop"
+        return "signal loop" + refused
 
     def _kill_loop(self, signaller: Signaller, deadline: Deadline) -> None:
         """Re-read the group after each round so that children forked meanwhile are killed too."""

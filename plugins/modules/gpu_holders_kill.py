@@ -22,6 +22,8 @@ description:
   - Never signalled, whatever the options - PID 1, kernel threads, this module's process, its ancestors (SSH session, sudo,
     C(sh -c), C(ansible-playbook) on a local connection, C(async_wrapper)) and children, the built-in protected names
     and O(protected).
+  - Holders outside the units being stopped (O(units)) are handled by O(outside_units) - killed, reported or refused -
+    and the main process of another service that systemd restarts is never killed alone.
   - Fails when any target survives O(kill_timeout) after SIGKILL, for example a process in uninterruptible sleep (D state).
 author:
   - gpufleet.serving contributors (@gpufleet)
@@ -61,10 +63,14 @@ options:
     default: [proc, nvml]
   protected:
     description:
-      - Process names never signalled, added to the built-in set (nvidia-persistenced, nv-hostengine, nvidia-fabricmanager,
-        nv-fabricmanager, dcgm-exporter, nvidia-imex, nvidia-gridd, nvidia-topologyd, nvlsm, Xorg, Xwayland, sshd, systemd,
-        containerd-shim, containerd, dockerd, and the Ansible controllers ansible-playbook, ansible and ansible-pull, which
-        an C(async) task on a local connection does not have as ancestors).
+      - Process names never signalled, added to the built-in set - NVIDIA's daemons (nvidia-persistenced,
+        nvidia-fabricmanager, nv-fabricmanager, nvidia-imex, nvidia-gridd, nvidia-topologyd, nvlsm), DCGM (nv-hostengine,
+        dcgmi, dcgm-exporter), CUDA MPS (nvidia-cuda-mps-control, and nvidia-cuda-mps-server, whose memory belongs to
+        all its clients - stop MPS with its C(quit) command, the memory assertion names what it holds), Kubernetes and the
+        GPU Operator (nvidia-device-plugin, gpu-feature-discovery, nvidia-validator, nvidia-mig-manager,
+        nvidia-mig-parted), display servers (Xorg, Xwayland), sshd, systemd, container runtimes (containerd-shim,
+        containerd, dockerd) and the Ansible controllers ansible-playbook, ansible and ansible-pull, which an C(async) task
+        on a local connection does not have as ancestors. Each protected holder is reported with the reason.
       - A name matches the executable's file name or C(comm), which the kernel cuts at 15 characters.
     type: list
     elements: str
@@ -91,6 +97,28 @@ options:
     type: str
     choices: [report, kill]
     default: report
+  units:
+    description:
+      - The systemd units being stopped with this teardown (for example V(vllm.service)). Their processes are the expected
+        holders and are always targets; every other holder is "outside the units" and handled by O(outside_units).
+    type: list
+    elements: str
+    default: []
+  outside_units:
+    description:
+      - What to do with unprotected holders outside O(units), each reported with its C(placement) - in another service
+        (named, with its C(restart) setting), a login session's scope (a shell or C(nohup) over SSH), a container's scope,
+        or elsewhere (a transient scope, no unit).
+      - V(kill) signals them too, for the dedicated inference node where nothing else may hold a GPU.
+      - V(report) leaves them running and lists them in RV(outside); the task succeeds (a memory assertion after it will
+        then name the GPUs they hold).
+      - V(fail) signals nothing at all and fails, listing them in RV(outside).
+      - A holder that is the main process of another service whose C(Restart=) is not C(no) is never killed alone,
+        since systemd would start it again - with V(kill) the task fails naming that unit and signals nothing (the holder
+        is listed in RV(restarting)); add the unit to O(units) to stop it with the rest.
+    type: str
+    choices: [kill, report, fail]
+    default: kill
   max_targets:
     description:
       - Upper bound on the number of processes signalled. Above it nothing is signalled and the module fails with the plan.
@@ -131,6 +159,12 @@ EXAMPLES = r"""
     gpus: [6, GPU-4f1e7c2a-83d9-4b1e-9f0e-5c2d7a8b9e10]
     term_timeout: 10
     kill_timeout: 20
+  become: true
+
+- name: Free the GPUs after stopping vLLM, leaving anyone else's GPU processes alone (and listed)
+  gpufleet.serving.gpu_holders_kill:
+    units: [vllm.service]
+    outside_units: report
   become: true
 
 - name: Show what would be killed, keeping a profiler alive
@@ -175,6 +209,20 @@ holders:
       description: The systemd service or scope the process runs in, when any.
       type: str
       sample: vllm.service
+    placement:
+      description:
+        - Where the process runs - V(listed_unit) (one of O(units)), V(other_service), V(session) (a login session's
+          scope, or the SSH daemon's service where logind does not run), V(container) (a docker, podman, containerd or
+          CRI-O scope) or V(elsewhere) (a transient scope, no unit).
+      type: str
+      sample: listed_unit
+    restart:
+      description: For V(other_service), the unit's C(Restart=) setting (V(no) where systemd does not run).
+      type: str
+      sample: on-failure
+    main_process:
+      description: For V(other_service), whether it is the unit's main process (the one systemd restarts).
+      type: bool
     namespace_pid:
       description: The PID inside the process's own PID namespace (a container's view), or null when it runs in ours.
       type: int
@@ -235,6 +283,18 @@ ambiguous:
   returned: always
   type: list
   elements: dict
+outside:
+  description:
+    - Unprotected holders outside O(units) that were left running (O(outside_units=report)) or that failed the task
+      (O(outside_units=fail)); empty with V(kill).
+  returned: always
+  type: list
+  elements: dict
+restarting:
+  description: Holders that are the main process of another service systemd would restart; they fail the task and nothing is signalled.
+  returned: always
+  type: list
+  elements: dict
 not_signalled:
   description: Targets that exited, or whose PID was reused, between the scan and the first signal.
   returned: always
@@ -256,6 +316,7 @@ elapsed:
   type: float
 """
 
+import os
 import time
 import traceback
 
@@ -267,6 +328,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._locking import h
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 try:
     import pynvml
@@ -288,11 +350,25 @@ ARGUMENT_SPEC = dict(
     max_targets=dict(type="int", default=64),
     nvml_timeout=dict(type="float", default=10),
     lock_timeout=dict(type="float", default=60),
+    units=dict(type="list", elements="str", default=[]),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="kill"),
 )
 
 
 def nvml_client(timeout: float) -> NvmlClient:
     return NvmlClient(lambda: pynvml, timeout)
+
+
+def restart_policy(module: AnsibleModule):
+    """A service's Restart= and main PID through systemctl; nothing where systemd is not the init system."""
+    if not os.path.isdir("/run/systemd/system"):
+        return lambda _unit: ("", 0)
+    systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def policy(unit: str) -> tuple[str, int]:
+        properties = systemctl.show(unit).properties
+        return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
+    return policy
 
 
 def main() -> None:
@@ -305,11 +381,11 @@ def main() -> None:
             module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to query NVML (or set sources: [proc] without gpus)"),
                              exception=PYNVML_IMPORT_ERROR)
         with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
-            plan = holders_kill.observe(request, nvml_client, reader)
+            plan = holders_kill.observe(request, nvml_client, reader, restart_policy=restart_policy(module))
             result = dict(holders_kill.plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
             for warning in plan.warnings:
                 module.warn(warning)
-            refusal = holders_kill.too_many_targets(plan, request)
+            refusal = holders_kill.refusal(plan, request)
             if refusal:
                 module.fail_json(msg=refusal, elapsed=time.monotonic() - started, **result)
             if plan.targets and not module.check_mode:

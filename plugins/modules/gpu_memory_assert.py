@@ -226,10 +226,13 @@ def main() -> None:
     started = time.monotonic()
     try:
         request = memory.MemoryRequest.from_params(module.params)
+        # the NVML session stays open while a failure is explained: its worker then holds every device file, and the
+        # /proc scan must leave it (and this process) out - a live worker is what makes that exclusion testable
         with NvmlClient(lambda: pynvml, request.nvml_timeout) as nvml:
             first = nvml.inventory()
             selected = memory.check_inventory(request, first)
             watched = memory.watch(nvml.inventory, request, selected, first)
+            details = None if watched.assessment.passed else explain(request, watched.assessment)
     except NvmlHung as exc:
         module.fail_json(msg=f"{exc.msg}: classification {memory.NVML_HUNG}", classification=memory.NVML_HUNG,
                          passed=False, elapsed=time.monotonic() - started, **exc.context)
@@ -240,12 +243,16 @@ def main() -> None:
                   attempts=watched.attempts, elapsed=watched.elapsed, driver_version=first["driver_version"])
     if assessment.passed:
         module.exit_json(**result)
+    module.fail_json(msg=memory.failure_message(assessment, details, request.timeout),
+                     details={str(index): detail for index, detail in details.items()}, **result)
+
+
+def explain(request: memory.MemoryRequest, assessment: memory.Assessment) -> dict:
+    """Who holds each dirty GPU, from /proc: never this module or its NVML worker."""
     reader = ProcReader()
     exclude = {os.getpid()} | reader.descendants(os.getpid())
     by_minor, confirmed = memory.holders_by_minor(request.device_paths, reader, exclude)
-    details = memory.explain_dirty(assessment, by_minor, confirmed)
-    module.fail_json(msg=memory.failure_message(assessment, details, request.timeout),
-                     details={str(index): detail for index, detail in details.items()}, **result)
+    return memory.explain_dirty(assessment, by_minor, confirmed)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def process_summary(process: dict) -> dict:
                "unit": process.get("unit")}
     if process.get("reason"):
         summary["reason"] = process["reason"]
+    if process.get("placement") and process.get("placement") != "listed_unit":
+        summary["placement"] = process["placement"]
     return summary
 
 
@@ -93,6 +95,7 @@ def teardown_host_report(steps: dict) -> dict:
         "killed": [process_summary(p) for p in holders.get("killed") or []],
         "planned": [process_summary(p) for p in holders.get("targets") or []] if steps.get("check_mode") else [],
         "protected": [process_summary(p) for p in holders.get("protected") or []],
+        "outside": [process_summary(p) for p in (holders.get("outside") or []) + (holders.get("restarting") or [])],
         "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
         "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
         "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
@@ -347,6 +350,9 @@ def teardown_table(document: dict) -> str:
             details.append(f"{host}: would signal {process['pid']} {_shorten(process['cmdline'])}")
         for process in report.get("protected") or []:
             details.append(f"{host}: protected {process['pid']} {process.get('comm')} ({process.get('reason')})")
+        for process in report.get("outside") or []:
+            details.append(f"{host}: outside the units {process['pid']} {process.get('comm')} in {process.get('unit') or 'no unit'}"
+                           f" ({process.get('placement')}): not signalled")
     headers = ["host", "result", "units stopped", "terminated", "killed", "protected", "MiB before (gpu:used)", "MiB after"]
     return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")
 

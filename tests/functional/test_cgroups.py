@@ -8,6 +8,7 @@ next to a decoy outside the group that must survive.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -132,7 +133,7 @@ def test_threaded_group_falls_back_to_the_loop_and_its_processes_are_found(tmp_p
         assert Cgroup(domain, ProcReader()).pids() == [worker.pid]
         group = Cgroup(threaded, ProcReader())
         assert group.pids() == [worker.pid]
-        assert group.kill_all(Signaller(), Deadline(10)) == "signal loop"
+        assert group.kill_all(Signaller(), Deadline(10)) == "signal loop (cgroup.kill failed: Operation not supported)"
         worker.wait(timeout=10)
         assert not alive(worker.pid)
     finally:
@@ -141,3 +142,19 @@ def test_threaded_group_falls_back_to_the_loop_and_its_processes_are_found(tmp_p
             worker.wait()
         remove_cgroup(threaded)
         remove_cgroup(domain)
+
+
+def test_a_cgroup_kill_that_fails_falls_back_to_the_loop_and_says_why(tmp_path):
+    """S30: the write to cgroup.kill fails (WSL2 answers EINVAL; here the file cannot be written at all): every process of
+    the group is still killed, by the signal loop, and the method reported names the error."""
+    group_dir = tmp_path / "group"
+    (group_dir / "cgroup.kill").mkdir(parents=True)  # exists, yet no write to it can succeed
+    sleepers = [subprocess.Popen(["sleep", "1000"]) for _ in range(3)]
+    try:
+        (group_dir / "cgroup.procs").write_text("".join(f"{s.pid}\n" for s in sleepers))
+        group = Cgroup(str(group_dir), ProcReader())
+        assert group.kill_all(Signaller(), Deadline(10)) == "signal loop (cgroup.kill failed: Is a directory)"
+        assert [s.wait(timeout=5) for s in sleepers] == [-signal.SIGKILL] * 3
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()

@@ -6,6 +6,7 @@ Catalogue cases are named in each test's docstring (G* of the reliability catalo
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import psutil
 import pytest
 from conftest import COLLECTIONS, HELPER, REPO, alive, remove_cgroup, run_module, start_module
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
 MODULE = "gpu_holders_kill"
@@ -123,7 +125,7 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
 
 
 def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
-    """G7 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
+    """G7, E9 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
     decoys = [processes.decoy("sglang", "--model", "x"), processes.decoy("python3", "vllm", "serve")]
     _helper, (pid,) = processes.holder("sglang.launch_server", "--open", devices.gpu(0))
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
@@ -140,7 +142,7 @@ def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_e
     _helper, (victim,) = processes.holder("--open", devices.gpu(3))
     result = run_module(MODULE, kill_args(devices, protected=["my-profiler"], protected_pids=[listed]), env=nvml_env)
     reasons = {entry["pid"]: entry["reason"] for entry in result["protected"]}
-    assert reasons[daemon] == "protected name nvidia-persistenced"
+    assert reasons[daemon].startswith("protected name nvidia-persistenced (")
     assert reasons[custom] == "protected name my-profiler"
     assert reasons[listed] == "listed in protected_pids"
     assert pids_of(result["terminated"]) == {victim}
@@ -168,7 +170,7 @@ def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
 
 @pytest.mark.parametrize(("reaped", "reason"), [(True, "no such process"), (False, "exited (a zombie its parent has not reaped)")])
 def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env, reaped, reason):
-    """G9 / F8: the parent allocated and forked; it died; NVML still lists it while the child holds the memory."""
+    """G9, G18 / F8: the parent allocated and forked; it died; NVML still lists it while the child holds the memory."""
     proc, (parent, child) = processes.holder("--open", devices.gpu(2), devices.ctl, "--fork-child",
                                              "--sim-root", str(sim.root), "--alloc", "0:20480")
     proc.kill()
@@ -323,6 +325,25 @@ def test_a_second_run_waits_for_the_host_lock_then_fails_naming_the_holder(devic
     assert result.failed and f"(pid {os.getpid()})" in result["msg"]
 
 
+def test_two_runs_at_once_on_the_same_holders_both_succeed_and_report_only_what_each_did(devices, processes, nvml_env):
+    """G29 for real: two module processes started together on the same holders (two of which ignore SIGTERM, so the
+    first run holds the lock for its whole TERM grace). The lock makes the second wait; it then finds nothing left.
+    No PID gets a signal from both, and each run's report is exactly the signals it sent."""
+    holders = [processes.holder("--open", devices.gpu(gpu))[1][0] for gpu in range(2)]
+    holders += [processes.holder("--open", devices.gpu(gpu), "--ignore-term")[1][0] for gpu in range(2, 4)]
+    args = kill_args(devices, term_timeout=1, lock_timeout=30)
+    runs = [start_module(MODULE, args, env=nvml_env) for _ in range(2)]
+    results = [json.loads(run.communicate(timeout=60)[0]) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    first, second = sorted(results, key=lambda result: -len(result["signals"]))
+    assert pids_of(first["terminated"]) | pids_of(first["killed"]) == set(holders)
+    assert pids_of(first["killed"]) == set(holders[2:])  # the SIGTERM-ignorers needed SIGKILL
+    assert second["targets"] == [] and second["signals"] == [] and second["changed"] is False
+    sent = [(entry["pid"], entry["signal"]) for entry in first["signals"] if entry["result"] == "sent"]
+    assert len(sent) == len(set(sent))  # no signal twice to one process
+    assert not any(alive(pid) for pid in holders)
+
+
 def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, processes, tmp_path, nvml_env):
     """E7/E8 and G4: ansible-playbook on a local connection holds a device (inherited fd) in its whole chain."""
     decoy = processes.decoy("python3", "ansible")
@@ -364,23 +385,101 @@ def test_helper_is_executable_python():
     assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True, check=False).returncode == 0
 
 
-def test_holder_inside_a_service_is_reported_with_its_unit_and_a_warning(devices, processes, nvml_env):
-    """G25: a holder that systemd may restart; the report names the unit and advises stopping it first."""
-    group = f"/sys/fs/cgroup/systemd/gpufleet-test-{os.getpid()}.service"
-    try:
-        os.mkdir(group)
-    except OSError as exc:
-        pytest.skip(f"cannot create a cgroup here: {exc}")
-    try:
-        _helper, (pid,) = processes.holder("--open", devices.gpu(0))
-        with open(f"{group}/cgroup.procs", "w") as procs:
-            procs.write(str(pid))
-        result = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
-        assert result["targets"][0]["unit"] == f"gpufleet-test-{os.getpid()}.service"
-        assert any("stop it with gpufleet.serving.systemd_stop_hard first" in w for w in result.warnings)
-    finally:
-        processes.cleanup()
-        remove_cgroup(group)
+@pytest.mark.parametrize("daemon", sorted(set(PROTECTED_DAEMONS) - {"systemd", "sshd"}))
+def test_every_builtin_daemon_name_is_protected_with_its_reason(devices, processes, nvml_env, daemon):
+    """G5: the daemons a GPU node runs besides the engines (NVIDIA, DCGM, MPS, Kubernetes device plugin, GPU Operator)."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--comm", daemon)
+    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    # the helper sets comm only, and comm keeps 15 characters: names sharing those are told apart by the executable
+    expected = {f"protected name {name} ({why})" for name, why in PROTECTED_DAEMONS.items() if name[:15] == daemon[:15]}
+    assert pids_of(result["protected"]) == {pid} and result["protected"][0]["reason"] in expected
+    assert result["signals"] == [] and alive(pid)
+
+
+class SystemdGroups:
+    """Processes moved into cgroups named like systemd units, in the hierarchy systemd's unit names are read from."""
+
+    def __init__(self):
+        self.root = next((root for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup") if os.path.isfile(f"{root}/cgroup.procs")), None)
+        self.made: list[str] = []
+
+    def put(self, pid: int, unit: str) -> None:
+        if self.root is None:
+            pytest.skip("no writable cgroup hierarchy for systemd's unit names on this machine")
+        group = f"{self.root}/gpufleet-test-{os.getpid()}.slice/{unit}"
+        try:
+            os.makedirs(group, exist_ok=True)
+            with open(f"{group}/cgroup.procs", "w") as procs:
+                procs.write(str(pid))
+        except OSError as exc:
+            pytest.skip(f"cannot create or join a cgroup here: {exc}")
+        self.made.append(group)
+
+    def remove(self) -> None:
+        for group in reversed(self.made):
+            remove_cgroup(group)
+        if self.made:
+            remove_cgroup(os.path.dirname(self.made[0]))
+
+
+@pytest.fixture
+def unit_groups(processes):
+    groups = SystemdGroups()
+    yield groups
+    processes.cleanup()  # the groups can go only once their processes have
+    groups.remove()
+
+
+def holders_in_units(devices, processes, unit_groups) -> dict[str, int]:
+    placed = {}
+    for gpu, unit in enumerate(["vllm.service", "other-app.service", "session-42.scope", f"libpod-{'a' * 64}.scope", "run-r1f2.scope"]):
+        _helper, (pid,) = processes.holder("--open", devices.gpu(gpu % 4))
+        unit_groups.put(pid, unit)
+        placed[unit] = pid
+    return placed
+
+
+def test_each_holder_is_placed_by_the_unit_it_runs_in(devices, processes, nvml_env, unit_groups):
+    """G25: in a unit being stopped, in another service (named, with its Restart=), in a login session, in a container,
+    elsewhere; with the default outside_units=kill every one is a target."""
+    placed = holders_in_units(devices, processes, unit_groups)
+    _helper, (loose,) = processes.holder("--open", devices.gpu(3))  # this test's own cgroup: no unit
+    plan = run_module(MODULE, kill_args(devices, units=["vllm.service"]), check_mode=True, env=nvml_env)
+    result = run_module(MODULE, kill_args(devices, units=["vllm.service"]), env=nvml_env)
+    assert plan["targets"] == result["targets"] and plan["signals"] == []
+    placement = {target["pid"]: (target["unit"], target["placement"]) for target in result["terminated"] + result["killed"]}
+    assert placement == {placed["vllm.service"]: ("vllm.service", "listed_unit"),
+                         placed["other-app.service"]: ("other-app.service", "other_service"),
+                         placed["session-42.scope"]: ("session-42.scope", "session"),
+                         placed[f"libpod-{'a' * 64}.scope"]: (f"libpod-{'a' * 64}.scope", "container"),
+                         placed["run-r1f2.scope"]: ("run-r1f2.scope", "elsewhere"),
+                         loose: (ProcReader().unit(loose), "elsewhere")}
+    assert [t["restart"] for t in result["targets"] if t["placement"] == "other_service"] == ["no"]  # no systemd here: nothing restarts
+    assert any("other-app.service, which is not among the units being stopped" in warning for warning in result.warnings)
+    assert not any(alive(pid) for pid in placement)
+
+
+def test_outside_units_report_kills_the_units_holders_and_leaves_the_others_listed(devices, processes, nvml_env, unit_groups):
+    """G6, G26, E6: a job in an SSH session, a container and another service keep running; the engine's holder dies."""
+    placed = holders_in_units(devices, processes, unit_groups)
+    result = run_module(MODULE, kill_args(devices, units=["vllm.service"], outside_units="report"), env=nvml_env)
+    assert result.rc == 0
+    assert pids_of(result["terminated"]) == {placed["vllm.service"]}
+    assert pids_of(result["outside"]) == set(placed.values()) - {placed["vllm.service"]}
+    assert all(alive(pid) for unit, pid in placed.items() if unit != "vllm.service")
+    assert {s["pid"] for s in result["signals"]} == {placed["vllm.service"]}
+
+
+def test_outside_units_fail_signals_nothing_and_names_the_holders(devices, processes, nvml_env, unit_groups):
+    """G6: fail closed - not even the listed unit's holder is signalled when another holder is outside the units."""
+    placed = holders_in_units(devices, processes, unit_groups)
+    for check_mode in (True, False):
+        result = run_module(MODULE, kill_args(devices, units=["vllm.service"], outside_units="fail"), check_mode=check_mode, env=nvml_env)
+        assert result.rc != 0 and result["signals"] == []
+        assert "4 process(es) hold the GPUs outside the units being stopped" in result["msg"]
+        assert "in session-42.scope (session)" in result["msg"] and "outside_units is fail: nothing was signalled" in result["msg"]
+        assert pids_of(result["outside"]) == set(placed.values()) - {placed["vllm.service"]}
+    assert all(alive(pid) for pid in placed.values())
 
 
 def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, nvml_env):

@@ -22,6 +22,7 @@ def teardown_steps(**extra) -> dict:
                                    "warnings": ["KillMode=process: systemd leaves the unit's other processes running"]}]},
             "holders": {"terminated": [dict(PROCESS, pid=44)], "killed": [dict(PROCESS, pid=45)], "targets": [],
                         "protected": [dict(PROCESS, pid=7, comm="nvidia-persiste", reason="protected name nvidia-persistenced")],
+                        "outside": [dict(PROCESS, pid=8, comm="python3", unit="session-4.scope", placement="session")],
                         "stale_nvml_pids": [99]},
             "before": {"gpus": [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False}]},
             "after": {"gpus": [{"index": 0, "uuid": "GPU-0", "used_mib": 0, "clean": True}]}, **extra}
@@ -74,6 +75,7 @@ ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(term
            (r"\.plan\.processes_to_signal\[\]\.", ".killed[]."),
            (r"^(fleet\.serving|hosts\.<host>\.out_of_rotation)\[\].*", r"\1"),
            (r"\.protected\[\]\.(?!reason)", ".killed[]."),
+           (r"\.outside\[\]\.(?!placement)", ".killed[]."),
            (r"\.memory_before\[\]\.", ".memory_after[].")]
 
 
@@ -231,6 +233,7 @@ def test_teardown_table_lists_hosts_processes_and_failures():
     assert "node1: vllm.service: killed 42 python3 -m sglang.launch_server --model-path /m" in table
     assert "node1: vllm.service: triggers stopped first: vllm.socket" in table
     assert "node1: protected 7 nvidia-persiste (protected name nvidia-persistenced)" in table
+    assert "node1: outside the units 8 python3 in session-4.scope (session): not signalled" in table
 
 
 def test_check_mode_table_says_what_would_be_signalled():

@@ -27,6 +27,7 @@ from ansible_collections.gpufleet.serving.plugins.plugin_utils import _rollout a
     ("100%", ["100%"]),
 ])
 def test_batches_from_every_documented_form(value, batches):
+    """E14: the forms the docs print, as -e passes them (strings, JSON lists, shares)."""
     assert rollout.rollout_batches(value) == batches
 
 
@@ -43,6 +44,7 @@ def test_batches_from_every_documented_form(value, batches):
     ([True], "True is not a batch"),
 ])
 def test_bad_batches_are_refused_naming_the_variable(value, message):
+    """E14: refused before any node is touched, naming the variable and what it accepts."""
     with pytest.raises(rollout.RolloutError) as error:
         rollout.rollout_batches(value)
     assert str(error.value).startswith("switch_engine_serial: ") and message in str(error.value)

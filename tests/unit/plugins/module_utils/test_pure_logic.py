@@ -94,6 +94,26 @@ def test_poll_until_with_zero_timeout_probes_once():
     assert outcome.attempts == 1
 
 
+def test_a_real_poll_ignores_wall_clock_steps(monkeypatch):
+    """M15 with the real clock: while a real poll runs, the wall clock jumps an hour ahead and then a day back (as an NTP
+    step would); the poll neither ends at once nor waits a day: it probes for its own 0.3 s of monotonic time."""
+    import time
+
+    real_time, steps, offset = time.time, iter([3600.0, -86400.0]), [0.0]
+
+    def stepped_wall_clock() -> float:
+        offset[0] += next(steps, 0.0)
+        return real_time() + offset[0]
+
+    monkeypatch.setattr(time, "time", stepped_wall_clock)
+    monkeypatch.setattr(time, "time_ns", lambda: int(stepped_wall_clock() * 1e9))
+    started = time.perf_counter()
+    outcome = poll_until(time.time, lambda wall: False, timeout=0.3, interval=0.05)
+    elapsed = time.perf_counter() - started
+    assert not outcome.satisfied and outcome.attempts >= 3 and offset[0] == -82800.0
+    assert 0.3 <= elapsed < 5  # bounds an hour apart: a deadline on the wall clock would end at once or never
+
+
 def test_deadline_ignores_wall_clock_steps():
     clock = FakeClock()
     deadline = Deadline(5, clock)
@@ -219,3 +239,60 @@ def test_the_pid_namespace_warning_only_where_it_changes_the_outcome(monkeypatch
                                         nvml_timeout=5, lock_timeout=1)
     plan = _holders_kill.observe(request, _Nvml(processes), ProcReader())
     assert any("PID namespace" in warning for warning in plan.warnings) is warned, plan.warnings
+
+
+def _kill_request(**params):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import KillRequest
+    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
+    defaults = {"term_timeout": 1, "kill_timeout": 1, "max_targets": 64, "nvml_timeout": 1, "lock_timeout": 1}
+    return KillRequest.from_params({**defaults, **params}, ProcReader())
+
+
+def _plan_of(*units):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import KillPlan
+
+    holders = [{"pid": 100 + index, "comm": "python3", "unit": unit} for index, unit in enumerate(units)]
+    return KillPlan(holders=holders, targets=list(holders))
+
+
+@pytest.mark.parametrize("outside_units", ["kill", "report"])
+def test_a_holder_in_a_service_systemd_restarts_is_never_killed_alone(outside_units):
+    """G25: with kill the task is refused naming the unit; with report the holder is left and listed."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import place_holders, refusal
+
+    request = _kill_request(units=["vllm.service"], outside_units=outside_units)
+    plan = _plan_of("vllm.service", "inference-proxy.service", "batch.service", "ssh.service", "inference-proxy.service")
+    # pid 101 is the proxy's main process, 104 a child of it; batch.service does not restart
+    policies = {"inference-proxy.service": ("always", 101), "batch.service": ("no", 102)}
+    asked = []
+    place_holders(plan, request, lambda unit: asked.append(unit) or policies[unit])
+    assert sorted(asked) == ["batch.service", "inference-proxy.service"]  # the listed unit and SSH's need no question
+    assert [t["placement"] for t in plan.holders] == ["listed_unit", "other_service", "other_service", "session", "other_service"]
+    if outside_units == "kill":
+        assert [t["pid"] for t in plan.restarting] == [101]
+        message = refusal(plan, request)
+        assert "run in inference-proxy.service (Restart=always), which systemd would start again: nothing was signalled" in message
+    else:
+        assert plan.restarting == [] and refusal(plan, request) is None
+        assert [t["unit"] for t in plan.targets] == ["vllm.service"]
+        assert [t["pid"] for t in plan.outside] == [101, 102, 103, 104]
+
+
+def test_a_restarting_service_among_the_units_being_stopped_is_killed():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import place_holders, refusal
+
+    request = _kill_request(units=["vllm.service"])
+    plan = _plan_of("vllm.service")
+    place_holders(plan, request, lambda unit: pytest.fail(f"asked for {unit}'s Restart= though it is being stopped"))
+    assert refusal(plan, request) is None and [t["placement"] for t in plan.targets] == ["listed_unit"]
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"units": ["vllm"]}, "units: 'vllm' is not a unit name"),
+    ({"units": ["../x.service"]}, "units: '../x.service' is not a unit name"),
+    ({"outside_units": "ignore"}, "outside_units: 'ignore' is not one of kill, report, fail"),
+])
+def test_bad_units_and_outside_units_are_refused(params, message):
+    with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(".", r"\.")):
+        _kill_request(**params)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 import yaml
+
+REPO = Path(__file__).resolve().parents[4]
 
 MODULES = ["systemd_stop_hard", "gpu_holders_kill", "gpu_memory_assert", "engine_ready", "engine_drain", "host_lease", "engine_preflight",
            "weights_prewarm"]
@@ -41,3 +45,20 @@ def test_examples_use_fqcn_and_returns_are_described(name):
         assert f"gpufleet.serving.{name}" in task, task["name"]
     for key, value in returns.items():
         assert value.get("description") and value.get("returned") and value.get("type"), key
+
+
+def test_gpu_holders_kill_documents_every_builtin_protected_name():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
+
+    text = (REPO / "plugins" / "modules" / "gpu_holders_kill.py").read_text()
+    documented = text[text.index("Process names never signalled"):text.index("A name matches the executable")]
+    assert [name for name in PROTECTED_DAEMONS if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", documented)] == []
+
+
+def test_docs_list_every_builtin_protected_name_with_its_reason():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
+
+    text = (REPO / "docs" / "modules.md").read_text()
+    rows = dict(re.findall(r"^  \| (\S+) \| (.+) \|$", text, re.MULTILINE))
+    rows.pop("name", None)
+    assert rows == PROTECTED_DAEMONS

@@ -1,0 +1,34 @@
+"""docs/testing.md maps every case of the reliability catalogue to the tests that cover it (tests/tools/catalogue_map.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests" / "tools"))
+
+import catalogue_map  # noqa: E402
+
+
+def test_the_map_in_the_docs_is_the_generated_one():
+    assert catalogue_map.section() in catalogue_map.DOC.read_text(), "run: python tests/tools/catalogue_map.py --write"
+
+
+def test_at_least_95_cases_are_covered_and_every_other_says_why():
+    text, covered = catalogue_map.build_map()
+    assert covered >= 95
+    assert "NO TEST AND NO REASON" not in text
+
+
+def test_a_case_listed_as_not_covered_has_no_test():
+    references = catalogue_map.pytest_references(REPO / "tests")
+    references.update(catalogue_map.molecule_references(REPO / "molecule"))
+    assert sorted(set(catalogue_map.NOT_COVERED) & set(references)) == []
+
+
+def test_case_ids_are_read_from_lists_and_ranges():
+    assert catalogue_map.cases_in("S24-S26, S33: refused units") == ["S24", "S25", "S26", "S33"]
+    assert catalogue_map.cases_in("G9, G18 / F8: forked") == ["G9", "G18"]
+    assert catalogue_map.cases_in("S28/S38: a fork loop") == ["S28", "S38"]
+    assert catalogue_map.cases_in("E99 and GPU-0 and S7x") == []
