@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "tests" / "tools"))
 
 import report_example  # noqa: E402
-
 from test_reports import teardown_steps  # noqa: E402
 
 
