@@ -41,7 +41,7 @@ class ModelListing:
     """A model path as the engine's user sees it."""
 
     path: str
-    kind: str  # "directory", "file", "missing", "unreadable"
+    kind: str  # "directory", "file", "missing", "unreadable", "no_user" (the user does not exist yet)
     config: bool = False
     weights: list = field(default_factory=list)  # (name, bytes)
     unreadable: list = field(default_factory=list)  # names the user cannot read
@@ -103,6 +103,9 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
     path = listing.path
     if not posixpath.isabs(path):
         return Check("model", True, f"{label} {path}: a hub name, fetched by the engine (not checked here)", skipped=True)
+    if listing.kind == "no_user":
+        return Check("model", True, f"{label} {path}: not checked, the user {user} does not exist yet (the engine role creates it "
+                                    "before the engine starts)", skipped=True)
     if listing.kind == "missing":
         return Check("model", False, f"{label} {path} does not exist")
     if listing.kind == "unreadable":

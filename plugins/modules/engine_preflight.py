@@ -138,6 +138,7 @@ gpus:
 """
 
 import os
+import pwd
 import subprocess
 import traceback
 
@@ -194,6 +195,10 @@ class NodeProbe:
         return done.returncode, (done.stdout if done.returncode == 0 else done.stderr or done.stdout)
 
     def model(self, user: str, path: str) -> preflight.ModelListing:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            return preflight.ModelListing(path, "no_user")  # the engine role creates it before the engine starts
         return preflight.as_user(user, preflight.list_model, path)
 
     def gpus(self, timeout: float) -> list:

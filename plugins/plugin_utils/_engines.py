@@ -17,8 +17,10 @@ systemd expands from the secrets file.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
+import re
 
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
 
@@ -36,6 +38,39 @@ VARIABLE_NAMES = {
 SPECULATIVE_KEYS = ("draft_model", "num_speculative_tokens", "eagle_topk", "num_draft_tokens", "method")
 SPECULATIVE_DEFAULTS = {"num_speculative_tokens": 3, "eagle_topk": 1}
 UNSPECIFIED_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+# The sandbox every engine unit gets (docs/security.md). A role's *_sandbox loosens it: a directive set to "" or null
+# is left out, any other value replaces the default. Never PrivateDevices=yes: it hides /dev/nvidia*. Never
+# MemoryDenyWriteExecute=yes: PyTorch, Triton and CUDA generate code at run time.
+SANDBOX_DEFAULTS = {
+    "NoNewPrivileges": "yes",
+    "PrivateTmp": "yes",
+    "ProtectSystem": "strict",
+    "ProtectKernelTunables": "yes",
+    "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes",
+    "ProtectControlGroups": "yes",
+    "ProtectClock": "yes",
+    "ProtectHostname": "yes",
+    "ProtectProc": "invisible",
+    "RestrictSUIDSGID": "yes",
+    "RestrictRealtime": "yes",
+    "RestrictNamespaces": "yes",
+    "LockPersonality": "yes",
+    "SystemCallArchitectures": "native",
+    # NCCL and the engines' HTTP servers use IP and Unix sockets; RDMA (InfiniBand, RoCE) needs netlink
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    # an engine needs no capability: the GPU device files are opened by mode, like any file
+    "CapabilityBoundingSet": "",
+    "UMask": "0027",
+}
+FORBIDDEN_SANDBOX = {
+    "PrivateDevices": "it hides /dev/nvidia* from the engine",
+    "MemoryDenyWriteExecute": "PyTorch, Triton and CUDA write and run code at run time",
+    "DevicePolicy": "the engine needs the NVIDIA (and RDMA) device files",
+}
+PROTECT_HOME = ("read-only", "yes", "tmpfs", "no")
+DIRECTIVE_NAME = re.compile(r"^[A-Z][A-Za-z]+$")
 
 
 class EngineArgsError(ValueError):
@@ -300,11 +335,22 @@ def engine_facts(config: dict, engine: str) -> dict:
     api_key = config.get("api_key") or ""
     if not isinstance(api_key, str):
         read.fail("api_key", f"give a string, got a {type(api_key).__name__}")  # never echo a key
+    if read.text("model") and not api_key and not is_loopback(host) and not _flag(config.get("allow_unauthenticated")):
+        read.fail("host", f"{host} is not a loopback address and {variable(engine, 'api_key')} is empty: anyone who reaches "
+                          f"the port could use the engine. Set {variable(engine, 'api_key')}, bind to 127.0.0.1, or set "
+                          f"{variable(engine, 'allow_unauthenticated')}: true if something in front of it authenticates")
+    user = read.text("user", required=True)
+    stem = unit[: -len(".service")]
     facts = {
         "engine": engine,
         "configured": bool(read.text("model")),
         "unit": unit,
-        "user": read.text("user", required=True),
+        "user": user,
+        "dedicated_user": user != "root",
+        # systemd creates both, owned by the user; HOME and XDG_CACHE_HOME point there (model downloads, compile caches)
+        "state_directory": f"/var/lib/{stem}",
+        "cache_directory": f"/var/cache/{stem}",
+        "sandbox_lines": sandbox_lines(read, stem),
         "host": host,
         "port": port,
         "url": probe_url(host, port),
@@ -331,7 +377,9 @@ def engine_facts(config: dict, engine: str) -> dict:
         "argv": argv,
         "exec_start": _escaped(read, "extra_args", lambda words: _systemd_escape.exec_line(words, expand), [[argv]])[0],
         "environment": {str(name): str(value) for name, value in environment.items()},
-        "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment, sorted(environment.items())),
+        # HOME and XDG_CACHE_HOME first: the user's own environment, written after them, may override them
+        "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
+                                      [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")] + sorted(environment.items())),
         "speculative": spec,
         # what the preflight checks before the node is disrupted
         "draft_model": spec["draft_model"] if spec else None,
@@ -343,6 +391,75 @@ def engine_facts(config: dict, engine: str) -> dict:
         "version_argv": version_argv(config, engine),
     })
     return facts
+
+
+def unauthenticated_binds(settings_by_host: dict) -> list[str]:
+    """For every host and engine it configures: a refusal when the engine would listen beyond loopback without a key.
+
+    ``settings_by_host``: {host: {engine: {model, host, api_key, allow_unauthenticated}}} from the inventory, so that
+    a playbook can refuse before it touches any node.
+    """
+    refusals = []
+    for name, engines in sorted(settings_by_host.items()):
+        for engine in ENGINES:
+            settings = engines.get(engine) or {}
+            bind = str(settings.get("host") or "127.0.0.1")
+            if settings.get("model") and not settings.get("api_key") and not is_loopback(bind) and not _flag(settings.get("allow_unauthenticated")):
+                refusals.append(f"{name}: {engine}_host is {bind}, not loopback, and {engine}_api_key is empty (set the key, bind to "
+                                f"127.0.0.1, or set {engine}_allow_unauthenticated: true when something in front authenticates)")
+    return refusals
+
+
+def is_loopback(host: str) -> bool:
+    """Only a loopback address keeps an engine off the network (a wildcard or a name may reach anyone)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
+def sandbox_lines(read: _Reader, stem: str) -> list[str]:
+    """The unit's sandbox directives: the defaults, ProtectHome, the writable paths, and the role's loosening."""
+    protect_home = read.text("protect_home") or "read-only"
+    if protect_home not in PROTECT_HOME:
+        read.fail("protect_home", f"give one of {', '.join(PROTECT_HOME)}, got {protect_home!r}")
+    directives = dict(SANDBOX_DEFAULTS, ProtectHome=protect_home)
+    for name, value in read.mapping("sandbox").items():
+        if not isinstance(name, str) or not DIRECTIVE_NAME.match(name):
+            read.fail("sandbox", f"{name!r} is not a systemd directive name")
+        if name in FORBIDDEN_SANDBOX and value not in (None, "", False, "no"):
+            read.fail("sandbox", f"{name}= is refused: {FORBIDDEN_SANDBOX[name]}")
+        if value is None or value == "":
+            directives.pop(name, None)
+            continue
+        text = ("yes" if value else "no") if isinstance(value, bool) else str(value)
+        if "\n" in text or "\r" in text:
+            read.fail("sandbox", f"{name}: one line, got {text!r}")
+        directives[name] = text
+    paths = config_list(read, "read_write_paths")
+    for path in paths:
+        if not path.startswith("/") or any(character.isspace() for character in path) or "\0" in path:
+            read.fail("read_write_paths", f"give absolute paths without spaces, got {path!r}")
+    lines = [f"{name}={value}" for name, value in directives.items()]
+    lines += [f"StateDirectory={stem}", f"CacheDirectory={stem}"]
+    if paths:
+        lines.append("ReadWritePaths=" + " ".join(f"-{path}" for path in paths))
+    return lines
+
+
+def config_list(read: _Reader, key: str) -> list[str]:
+    value = read.config.get(key) or []
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        read.fail(key, f"give a list of strings, got {value!r}")
+    return list(value)
 
 
 def engine_secrets(facts: dict, api_key: str) -> dict:

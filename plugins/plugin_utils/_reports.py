@@ -211,6 +211,9 @@ def switch_host_report(record: dict) -> dict:
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
+        # the GPUs around the switch's teardown (before it, and after the last teardown - the rollback's when one ran)
+        "memory_before": list((record.get("teardown") or {}).get("memory_before") or []),
+        "memory_after": list((next((t for t in reversed(teardowns) if t), None) or {}).get("memory_after") or []),
     }
 
 
@@ -219,7 +222,7 @@ def not_reached_report(target: str | None, reason: str) -> dict:
     return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "preflight": [], "prewarm": None, "plan": None,
-            "terminated": [], "killed": []}
+            "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
 
 
 # --- the run documents --------------------------------------------------------------------------------------------------

@@ -260,13 +260,18 @@ def engine_settings(gpus: int, published: bool) -> list[str]:
     """The simulated fleet serves one model with both engines' defaults, on all GPUs of each node.
 
     Published (behind a balancer): both engines listen on every address of the node, on one port.
+    The engines run as their own users in the roles' sandbox, loosened only for the simulation: they write their
+    simulated GPU allocations under /run/gpufleet-sim, and the simulated NVML library tells used memory from freed by
+    reading its holders in /proc, which ProtectProc=invisible would hide (the real one asks the driver).
     """
     settings = []
     for engine in ("vllm", "sglang"):
         settings += [f"{engine}_model=/models/Llama-3.3-70B-Instruct", f"{engine}_served_model_name=llama70b",
-                     f"{engine}_tensor_parallel_size={gpus}", f"{engine}_shutdown_timeout=10", f"{engine}_ready_timeout=300"]
+                     f"{engine}_tensor_parallel_size={gpus}", f"{engine}_shutdown_timeout=10", f"{engine}_ready_timeout=300",
+                     f"{engine}_read_write_paths=['/run/gpufleet-sim']", f"{engine}_sandbox={{'ProtectProc': ''}}"]
         if published:
-            settings += [f"{engine}_host=0.0.0.0", f"{engine}_port={ENGINE_PORT}"]
+            # reached only through the ports published on the controller's loopback (HAProxy there)
+            settings += [f"{engine}_host=0.0.0.0", f"{engine}_port={ENGINE_PORT}", f"{engine}_allow_unauthenticated=true"]
     return settings
 
 

@@ -91,8 +91,13 @@ class SimNvml:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        (self.root / "alloc").mkdir(parents=True, exist_ok=True)
+        self._allocation_directory()
         self.write()
+
+    def _allocation_directory(self) -> None:
+        # engines run as their own users: like /tmp, anyone may add an allocation, only its owner remove it
+        (self.root / "alloc").mkdir(parents=True, exist_ok=True)
+        (self.root / "alloc").chmod(0o1777)
 
     @property
     def env(self) -> dict[str, str]:
@@ -125,7 +130,7 @@ class SimNvml:
 
     def release_all(self) -> None:
         shutil.rmtree(self.root / "alloc")
-        (self.root / "alloc").mkdir()
+        self._allocation_directory()
 
 
 _serial = itertools.count()

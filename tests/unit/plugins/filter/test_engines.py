@@ -25,9 +25,9 @@ KV = {"vllm": ["", "fp8", "auto"], "sglang": ["", "fp8_e4m3", "bf16"]}
 EXTRA = {"vllm": ["--seed", "7"], "sglang": ["--random-seed", "7"]}  # each engine's own spelling
 # the role defaults, as roles/<engine>/vars/main.yml hands them over
 BASE = {
-    "vllm": {"unit": "vllm.service", "user": "root", "restart": "always", "ready_timeout": 2400, "port": 8000, "host": "127.0.0.1",
+    "vllm": {"unit": "vllm.service", "user": "vllm", "restart": "always", "ready_timeout": 2400, "port": 8000, "host": "127.0.0.1",
              "shutdown_timeout": 60, "executable": "/usr/local/bin/vllm", "install": False, "virtualenv": "/opt/vllm"},
-    "sglang": {"unit": "sglang.service", "user": "root", "restart": "on-failure", "ready_timeout": 2400, "port": 30000,
+    "sglang": {"unit": "sglang.service", "user": "sglang", "restart": "on-failure", "ready_timeout": 2400, "port": 30000,
                "host": "127.0.0.1", "shutdown_timeout": 60, "python": "/usr/bin/python3", "entry_point": "launch_server",
                "install": False, "virtualenv": "/opt/sglang"},
 }
@@ -120,6 +120,17 @@ REFUSALS = [
     ({"ready_timeout": 0}, "{e}_ready_timeout: must be at least 1"),
     ({"api_key": {"k": "v"}}, "{e}_api_key: give a string, got a dict"),
     ({"install": True, "virtualenv": "venv"}, "{e}_virtualenv: give an absolute path"),
+    ({"host": "0.0.0.0"}, "{e}_host: 0.0.0.0 is not a loopback address and {e}_api_key is empty"),
+    ({"host": "10.0.0.5", "allow_unauthenticated": "no"}, "{e}_host: 10.0.0.5 is not a loopback address"),
+    ({"host": "gpu-a01"}, "{e}_host: gpu-a01 is not a loopback address"),
+    ({"sandbox": {"PrivateDevices": True}}, "{e}_sandbox: PrivateDevices= is refused: it hides /dev/nvidia*"),
+    ({"sandbox": {"MemoryDenyWriteExecute": "yes"}}, "{e}_sandbox: MemoryDenyWriteExecute= is refused"),
+    ({"sandbox": {"Protect Home": "no"}}, "{e}_sandbox: 'Protect Home' is not a systemd directive name"),
+    ({"sandbox": {"ProtectHome": "no\nExecStartPre=/bin/sh"}}, "{e}_sandbox: ProtectHome: one line"),
+    ({"sandbox": ["NoNewPrivileges=no"]}, "{e}_sandbox: give a mapping"),
+    ({"protect_home": "maybe"}, "{e}_protect_home: give one of read-only, yes, tmpfs, no"),
+    ({"read_write_paths": "/srv/cache"}, "{e}_read_write_paths: give a list of strings"),
+    ({"read_write_paths": ["cache"]}, "{e}_read_write_paths: give absolute paths without spaces"),
 ]
 ENGINE_REFUSALS = [
     ("vllm", {"speculative": {"draft_model": "d", "eagle_topk": 2}}, "vllm_speculative.eagle_topk: vLLM's EAGLE-3 drafts a chain"),
@@ -166,7 +177,40 @@ def test_an_api_key_is_never_echoed_in_a_refusal():
                                            ("0.0.0.0", "http://127.0.0.1:8000"), ("", "http://127.0.0.1:8000"),
                                            ("::", "http://[::1]:8000"), ("::1", "http://[::1]:8000"), ("gpu-a01", "http://gpu-a01:8000")])
 def test_the_url_follows_host_and_port(host, url):
-    assert engines.engine_facts(config("vllm", host=host), "vllm")["url"] == url
+    assert engines.engine_facts(config("vllm", host=host, api_key="k"), "vllm")["url"] == url
+
+
+@pytest.mark.parametrize("overrides", [{"host": "127.0.0.2"}, {"host": "::1"}, {"host": "localhost"}, {"host": ""},
+                                       {"host": "0.0.0.0", "api_key": "k"}, {"host": "0.0.0.0", "allow_unauthenticated": True},
+                                       {"host": "::", "allow_unauthenticated": "true"}, {"host": "0.0.0.0", "model": ""}])
+def test_loopback_a_key_or_an_explicit_allowance_lets_an_engine_listen(overrides):
+    """Only a non-loopback bind without a key is refused; an engine without a model renders nothing, so binds nothing."""
+    assert engines.engine_facts(config("sglang", **overrides), "sglang")["port"] == 30000
+
+
+def test_the_sandbox_is_on_by_default_and_loosened_directive_by_directive():
+    default = engines.engine_facts(config("vllm"), "vllm")
+    lines = default["sandbox_lines"]
+    assert {"NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=read-only", "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes", "ProtectControlGroups=yes", "RestrictSUIDSGID=yes", "LockPersonality=yes",
+            "StateDirectory=vllm", "CacheDirectory=vllm", "CapabilityBoundingSet="} <= set(lines)
+    assert not [line for line in lines if line.startswith(("PrivateDevices", "MemoryDenyWriteExecute", "ReadWritePaths"))]
+    assert default["dedicated_user"] and default["state_directory"] == "/var/lib/vllm"
+    assert default["environment_lines"][:2] == ['"HOME=/var/lib/vllm"', '"XDG_CACHE_HOME=/var/cache/vllm"']
+    loose = engines.engine_facts(config("vllm", unit="vllm-b.service", protect_home="no", read_write_paths=["/srv/hf", "/run/x"],
+                                        sandbox={"RestrictAddressFamilies": "", "ProtectProc": None, "NoNewPrivileges": False,
+                                                 "PrivateDevices": "no", "SystemCallFilter": "@system-service"}), "vllm")["sandbox_lines"]
+    assert "ProtectHome=no" in loose and "NoNewPrivileges=no" in loose and "SystemCallFilter=@system-service" in loose
+    assert "PrivateDevices=no" in loose and not [line for line in loose if line.startswith(("RestrictAddressFamilies", "ProtectProc"))]
+    assert "ReadWritePaths=-/srv/hf -/run/x" in loose and "StateDirectory=vllm-b" in loose
+
+
+def test_unauthenticated_binds_are_found_per_host_before_any_node_is_touched():
+    settings = {"gpu-a": {"vllm": {"model": "/m", "host": "0.0.0.0", "api_key": ""}, "sglang": {"model": "/m", "host": "0.0.0.0", "api_key": "k"}},
+                "gpu-b": {"vllm": {"model": "/m", "host": "10.1.2.3", "allow_unauthenticated": True}, "sglang": {"model": "", "host": "0.0.0.0"}},
+                "gpu-c": {"vllm": {"model": "/m"}, "sglang": {"model": "/m", "host": "::1"}}}
+    refusals = engines.unauthenticated_binds(settings)
+    assert len(refusals) == 1 and refusals[0].startswith("gpu-a: vllm_host is 0.0.0.0, not loopback, and vllm_api_key is empty")
 
 
 def test_facts_say_where_everything_is():
