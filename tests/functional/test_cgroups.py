@@ -149,7 +149,7 @@ def test_a_cgroup_kill_that_fails_falls_back_to_the_loop_and_says_why(tmp_path):
     the group is still killed, by the signal loop, and the method reported names the error."""
     group_dir = tmp_path / "group"
     (group_dir / "cgroup.kill").mkdir(parents=True)  # exists, yet no write to it can succeed
-    sleepers = [subprocess.Popen(["sleep", "1000"]) for _ in range(3)]
+    sleepers = [subprocess.Popen(["sleep", "1000"]) for _sleeper in range(3)]
     try:
         (group_dir / "cgroup.procs").write_text("".join(f"{s.pid}\n" for s in sleepers))
         group = Cgroup(str(group_dir), ProcReader())

@@ -332,7 +332,7 @@ def test_two_runs_at_once_on_the_same_holders_both_succeed_and_report_only_what_
     holders = [processes.holder("--open", devices.gpu(gpu))[1][0] for gpu in range(2)]
     holders += [processes.holder("--open", devices.gpu(gpu), "--ignore-term")[1][0] for gpu in range(2, 4)]
     args = kill_args(devices, term_timeout=1, lock_timeout=30)
-    runs = [start_module(MODULE, args, env=nvml_env) for _ in range(2)]
+    runs = [start_module(MODULE, args, env=nvml_env) for _run in range(2)]
     results = [json.loads(run.communicate(timeout=60)[0]) for run in runs]
     assert [run.returncode for run in runs] == [0, 0]
     first, second = sorted(results, key=lambda result: -len(result["signals"]))

@@ -72,7 +72,7 @@ def document(count: int) -> dict:
         if index >= count:
             break
         ends = []
-        for _ in range(min(size, count - index)):
+        for _slot in range(min(size, count - index)):
             name = f"gpu-{index + 1:03d}"
             report = host(rng, start + rng.uniform(0, 2), fates.get(index, "switched"), index)
             hosts[name] = report
