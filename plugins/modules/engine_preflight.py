@@ -244,11 +244,7 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_executable(request, *probe.version(request.version_argv, request.version_timeout)))
     if "model" in request.checks:
         for label, path in request.models:
-            try:
-                listing = probe.model(request.user, path) if os.path.isabs(path) else preflight.ModelListing(path, "hub")
-            except KeyError:
-                checks.append(preflight.Check("model", False, f"{label} {path}: the engine's user {request.user} does not exist"))
-                continue
+            listing = probe.model(request.user, path) if os.path.isabs(path) else preflight.ModelListing(path, "hub")
             checks.append(preflight.check_model(label, listing, request.user))
     if "gpus" in request.checks:
         try:
