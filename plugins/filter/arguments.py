@@ -11,6 +11,7 @@ callers that check first can name just the variable at fault and the form it tak
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import yaml
 from ansible.errors import AnsibleFilterError
@@ -28,12 +29,22 @@ def _options(role: str, entry_point: str) -> dict:
         raise AnsibleFilterError(f"no argument specs for role {role!r}, entry point {entry_point!r}: {error}") from None
 
 
+def _plain(value):
+    """The value as plain dicts and lists: the validator deep-copies what it checks, and a lazy container of
+    Ansible's templating carries its whole variable context with it (seconds per host to copy)."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
 def role_argument_errors(role: str, variables, entry_point: str = "main") -> list[str]:
     """Errors of the role's variables that are set (inventory, extra vars), as '<role> role: <message>' lines."""
     options = _options(role, entry_point)
     spec = {name: {key: value for key, value in option.items() if key not in ("description", "version_added")}
             for name, option in options.items()}
-    given = {name: variables[name] for name in spec if name in variables}
+    given = {name: _plain(variables[name]) for name in spec if name in variables}
     result = ArgumentSpecValidator(spec).validate(given)
     return [f"{role} role: {message}" for message in result.error_messages]
 

@@ -11,7 +11,8 @@ if ! command -v dpkg > /dev/null; then
 fi
 missing=""
 for package in $packages; do
-  dpkg -s "$package" > /dev/null 2>&1 || missing="$missing $package"
+  # "installed", not just known to dpkg: a package removed but not purged still answers `dpkg -s`
+  [ "$(dpkg-query -W -f='${Status}' "$package" 2> /dev/null)" = "install ok installed" ] || missing="$missing $package"
 done
 python3 -c 'import ensurepip' 2> /dev/null || missing="$missing python3-venv"
 
