@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text
 
-.PHONY: help setup os-setup demo demo-modules bench test lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-modules bench test test-all checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
-	@echo "make test    lint + docs + sanity + pytest + molecule (what CI runs)"
+	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs, < 20 min)"
+	@echo "make test-all  make test, then the drills: switch_faults and switch_traffic (about as long again)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
@@ -86,7 +87,23 @@ lab-down:
 molecule:
 	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
-test: lint docs sanity unit molecule
+# CI's gate, under 20 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the gate's
+# Molecule scenarios in two lanes. The drills - an operator's faults (reboot, Ctrl-C in each phase, a node lost, the
+# rollback's own failures) and a switch under load through HAProxy - take as long again: make test-all.
+GATE_SCENARIOS := engine_install engine_units switch_engine teardown_faults teardown_units
+DRILL_SCENARIOS := switch_faults switch_traffic
+
+test:
+	$(MAKE) --no-print-directory --output-sync=target -j3 unit checks lab-image
+	$(BIN)/python tests/tools/run_molecule.py $(GATE_SCENARIOS)
+
+test-all: test
+	$(BIN)/python tests/tools/run_molecule.py $(DRILL_SCENARIOS)
+
+checks: lint docs sanity
+
+lab-image:
+	$(BIN)/python tests/sim/lab.py image
 
 clean:
 	rm -rf build tests/output .pytest_cache .ruff_cache

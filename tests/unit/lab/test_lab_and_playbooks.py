@@ -129,7 +129,8 @@ def test_traffic_tools_stay_on_loopback_and_read_the_lab_inventory(tmp_path):
 
 
 def test_setup_names_the_missing_packages_and_the_command_without_root():
-    """`make setup` as a user without root installs nothing: it prints the exact command and stops."""
+    """`make setup` as a user without root installs nothing: it prints the exact command and stops. A package removed
+    but not purged (dpkg still knows it, its files are gone) counts as missing: a newcomer's machine had podman so."""
     import shutil
     import subprocess
     import tempfile
@@ -139,9 +140,12 @@ def test_setup_names_the_missing_packages_and_the_command_without_root():
     stubs = Path(tempfile.mkdtemp(prefix="gpufleet-os-setup-"))
     try:
         stubs.chmod(0o755)
-        dpkg = stubs / "dpkg"
-        dpkg.write_text('#!/bin/sh\n[ "$2" = haproxy ] && exit 1\nexit 0\n')  # every package installed but HAProxy
-        dpkg.chmod(0o755)
+        (stubs / "dpkg").write_text("#!/bin/sh\nexit 0\n")
+        # every package installed but HAProxy, whose configuration files are all that is left of it
+        (stubs / "dpkg-query").write_text('#!/bin/sh\nfor last; do :; done\n'
+                                          '[ "$last" = haproxy ] && printf "deinstall ok config-files" || printf "install ok installed"\n')
+        for stub in stubs.iterdir():
+            stub.chmod(0o755)
         run = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "bash", str(REPO / "tests/tools/os_setup.sh")],
                              capture_output=True, text=True, env={"PATH": f"{stubs}:/usr/bin:/bin"}, check=False)
     finally:
