@@ -88,10 +88,11 @@ molecule:
 	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
 # CI's gate, under 20 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the gate's
-# Molecule scenarios in two lanes. The drills - an operator's faults (reboot, Ctrl-C in each phase, a node lost, the
-# rollback's own failures) and a switch under load through HAProxy - take as long again: make test-all.
-GATE_SCENARIOS := engine_install engine_units switch_engine teardown_faults teardown_units
-DRILL_SCENARIOS := switch_faults switch_traffic
+# Molecule scenarios in two lanes. The drills - an operator's faults (concurrent runs, reboot, Ctrl-C in each phase, a
+# node lost, the rollback's own failures), a switch under load through HAProxy, pinned pip installs - take as long
+# again: make test-all.
+GATE_SCENARIOS := engine_units switch_engine switch_readme teardown_faults teardown_units
+DRILL_SCENARIOS := engine_install switch_faults switch_traffic
 
 test:
 	$(MAKE) --no-print-directory --output-sync=target -j3 unit checks lab-image

@@ -56,6 +56,7 @@ FAULTS_FILE = Path("/etc/gpufleet-sim/faults.json")
 NVML_ROOT = Path(os.environ.get(nvml_sim.ROOT_ENV, "/run/gpufleet-sim/nvml"))
 DEV = Path(os.environ.get("GPUFLEET_SIM_DEV", "/dev"))
 PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
 VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 READ_BLOCK = 8 << 20
@@ -370,10 +371,12 @@ def worker_main(spec: dict) -> None:
         sys.stdout.close()
         while True:  # outlives the server: nothing watches for its exit
             time.sleep(3600)
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    del held
-    os._exit(0)
+    # dies with the server, as the engines' workers do; the kernel says when (polling for it cost CPU on every lab node)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the server went away before the line above
+        os._exit(0)
+    while held:
+        signal.pause()
 
 
 def main(argv: list[str]) -> None:
