@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text
 
-.PHONY: help setup os-setup demo demo-modules bench test test-all checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-modules bench test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -88,14 +88,17 @@ molecule:
 	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
 # CI's gate, under 20 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the gate's
-# Molecule scenarios in two lanes. The drills - an operator's faults (concurrent runs, reboot, Ctrl-C in each phase, a
+# Molecule scenarios in two lanes (starting while the checks finish). The drills - an operator's faults (concurrent runs, reboot, Ctrl-C in each phase, a
 # node lost, the rollback's own failures), a switch under load through HAProxy, pinned pip installs - take as long
 # again: make test-all.
 GATE_SCENARIOS := engine_units switch_engine switch_readme teardown_faults teardown_units
 DRILL_SCENARIOS := engine_install switch_faults switch_traffic
 
 test:
-	$(MAKE) --no-print-directory --output-sync=target -j3 unit checks lab-image
+	$(MAKE) --no-print-directory --output-sync=target -j3 molecule-gate checks
+
+# after pytest (whose deadlines should not share the cores with the labs) and the image; beside the checks' tail
+molecule-gate: unit lab-image
 	$(BIN)/python tests/tools/run_molecule.py $(GATE_SCENARIOS)
 
 test-all: test

@@ -312,6 +312,10 @@ def lab_containers() -> list[str]:
 
 
 def down(quiet: bool = False) -> None:
+    if (BUILD / "haproxy.pid").exists():  # the balancer traffic.py started in front of this lab goes with it
+        import traffic  # noqa: PLC0415 - only labs with a balancer need it
+
+        traffic.haproxy_stop(BUILD / "inventory.ini", quiet=quiet)
     containers = lab_containers()
     if containers:
         run(["podman", "rm", "-f", "-t", "0", *containers], stdout=subprocess.DEVNULL)
