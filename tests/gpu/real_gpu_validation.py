@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,13 @@ KINDS = {
     "zombie_leader": "threading.Thread(target=lambda:time.sleep(3600)).start();print('R',flush=True);ctypes.CDLL(None).pthread_exit(None)",
     "pinned": "y=torch.empty(int(sys.argv[3])<<30,dtype=torch.uint8,pin_memory=True);y.fill_(1);print('R',flush=True);time.sleep(3600)",
 }
+# a CUDA context and an allocation through the driver API alone, for machines without PyTorch (the M13 case)
+DRIVER_HOLD = ("import ctypes,sys,time\ncuda=ctypes.CDLL('libcuda.so.1')\nassert cuda.cuInit(0)==0\n"
+               "dev=ctypes.c_int();assert cuda.cuDeviceGet(ctypes.byref(dev),int(sys.argv[1]))==0\n"
+               "ctx=ctypes.c_void_p();assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx),dev)==0\n"
+               "assert cuda.cuCtxSetCurrent(ctx)==0\nptr=ctypes.c_uint64()\n"
+               "assert cuda.cuMemAlloc_v2(ctypes.byref(ptr),ctypes.c_size_t(int(sys.argv[2])<<20))==0\n"
+               "print('R',flush=True);time.sleep(3600)")
 PROTECTED = ("import ctypes,time,pynvml;ctypes.CDLL(None).prctl(15,b'nvidia-persistenced',0,0,0);pynvml.nvmlInit();"
              "[pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())];print('R',flush=True);time.sleep(3600)")
 
@@ -125,9 +133,13 @@ def alive(pid: int) -> bool:
 def machine() -> dict:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True, check=False).stdout.strip().splitlines()
-    import torch
+    try:
+        import torch
 
-    return {"host": platform.node(), "kernel": platform.release(), "python": platform.python_version(), "torch": torch.__version__,
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return {"host": platform.node(), "kernel": platform.release(), "python": platform.python_version(), "torch": torch_version,
             "gpus": smi, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -195,6 +207,51 @@ def main_gpu_case(lab: Lab, gpu: int, gib: int, pinned_gib: int) -> dict:
     return report
 
 
+def context_case(lab: Lab) -> dict:
+    """M13: gpu_memory_assert reads NVML only and creates no CUDA context. A small holder on GPU 0 keeps it polling;
+    while it polls every GPU for 4 s, NVML is sampled every 50 ms from here: no compute process may appear that was not
+    there before, and no GPU's used memory may grow. Then a PyTorch process that does create a context (the positive
+    control) is started: the same sampling must see its PID and its memory."""
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(pynvml.nvmlDeviceGetCount())]
+
+    def sample() -> tuple[set[int], list[int]]:
+        pids = {p.pid for handle in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        return pids, [pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used >> 20 for handle in handles]
+
+    lab.spawn([sys.executable, "-c", DRIVER_HOLD, "0", "1024"])  # 1 GiB on GPU 0: the assertion cannot pass, it polls to its deadline
+    base_pids, base_used = sample()
+    samples: list[tuple[set[int], list[int]]] = []
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            samples.append(sample())
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    try:
+        result, wall = lab.module("gpu_memory_assert", {"max_used_mib": 512, "timeout": 4, "interval": 0.1})
+    finally:
+        stop.set()
+        thread.join()
+    new_pids = sorted(set().union(*(pids for pids, _used in samples)) - base_pids)
+    growth = max(used[index] - base_used[index] for _pids, used in samples for index in range(len(handles)))
+    control = lab.spawn([sys.executable, "-c", DRIVER_HOLD, "0", "1"])  # a context and 1 MiB
+    control_pids, control_used = sample()
+    report = {"samples": len(samples), "module_attempts": result.get("attempts"), "module_failed_at_deadline": bool(result.get("failed")),
+              "playbook_wall_s": round(wall, 3), "new_compute_pids_while_polling": new_pids, "max_used_growth_mib": growth,
+              "control": {"pid_listed": control.pid in control_pids, "gpu0_growth_mib": control_used[0] - base_used[0]}}
+    report["checks"] = {
+        "polled_to_its_deadline": report["module_failed_at_deadline"] and (result.get("attempts") or 0) >= 10,
+        "sampled_throughout": len(samples) >= 40,
+        "no_compute_process_appeared": not new_pids,
+        "no_memory_growth": growth <= 0,
+        "control_context_seen": report["control"]["pid_listed"] and report["control"]["gpu0_growth_mib"] > 100,
+    }
+    return report
+
+
 def selection_case(lab: Lab, gib: int) -> dict:
     """With two GPUs or more: holders on the last GPU only are freed by index, then by UUID; GPU 0's holder survives."""
     count = pynvml.nvmlDeviceGetCount()
@@ -222,6 +279,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--gib", type=int, default=8, help="GiB each holder allocates")
     parser.add_argument("--pinned-gib", type=int, default=32, help="GiB of pinned host memory of the slow-release holder")
+    parser.add_argument("--cases", default="main,context,selection",
+                        help="which cases: main and selection need PyTorch; context (M13) needs only the driver")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("run as root: the modules read every process's file descriptors")
@@ -229,20 +288,30 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lab = Lab(out)
+    cases = set(args.cases.split(","))
     report = {"machine": machine()}
     try:
-        report["main"] = main_gpu_case(lab, 0, args.gib, args.pinned_gib)
-        if pynvml.nvmlDeviceGetCount() > 1:
+        if "main" in cases:
+            report["main"] = main_gpu_case(lab, 0, args.gib, args.pinned_gib)
+            lab.cleanup()
+            lab.started, lab.extra = [], []
+        if "context" in cases:
+            report["context"] = context_case(lab)
+            lab.cleanup()
+            lab.started, lab.extra = [], []
+        if "selection" in cases and pynvml.nvmlDeviceGetCount() > 1:
             report["selection"] = selection_case(lab, args.gib)
     finally:
         lab.cleanup()
     path = out / f"real_gpu_{platform.node() or 'node'}.json"
     path.write_text(json.dumps(report, indent=1))
-    print(json.dumps(report["main"]["checks"], indent=1))
-    print(json.dumps({k: report["main"][k] for k in ("floor", "signal_to_verified_free_s")}, indent=1))
-    if "selection" in report:
-        print(json.dumps(report["selection"], indent=1))
-    return 0 if all(report["main"]["checks"].values()) else 1
+    if "main" in report:
+        print(json.dumps(report["main"]["checks"], indent=1))
+        print(json.dumps({k: report["main"][k] for k in ("floor", "signal_to_verified_free_s")}, indent=1))
+    for name in ("context", "selection"):
+        if name in report:
+            print(json.dumps(report[name], indent=1))
+    return 0 if all(all(report[name]["checks"].values()) for name in ("main", "context") if name in report) else 1
 
 
 if __name__ == "__main__":
