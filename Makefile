@@ -13,7 +13,7 @@ help:
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
 	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs, < 20 min)"
-	@echo "make test-all  make test, then the drills: switch_faults and switch_traffic (about as long again)"
+	@echo "make test-all  make test, then the drills: switch_faults, switch_traffic, engine_install (about as long again)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
