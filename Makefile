@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text
 
-.PHONY: help setup os-setup demo demo-modules bench test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-modules bench stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -18,6 +18,7 @@ help:
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
+	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
 	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
@@ -46,6 +47,12 @@ demo-modules:
 bench:
 	$(BIN)/python tests/bench/run_all.py
 
+# Flake hunt (not CI): tests/tools/stress.py, figures in docs/testing.md.
+ROUNDS ?= 10
+LOAD ?= 75
+stress:
+	GPUFLEET_TREE_GUARD=1 $(BIN)/python tests/tools/stress.py --rounds $(ROUNDS) --load $(LOAD)
+
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ansible-lint
@@ -72,7 +79,7 @@ docs:
 	done
 
 unit:
-	$(BIN)/python -m pytest -q tests
+	GPUFLEET_TREE_GUARD=1 $(BIN)/python -m pytest -q tests
 
 NODES ?= 3
 GPUS ?= 8

@@ -23,6 +23,7 @@ COLLECTIONS = BUILD / "collections"
 HELPER = REPO / "tests" / "helpers" / "gpu_holder.py"
 
 sys.path.insert(0, str(REPO / "tests" / "sim"))
+sys.path.insert(0, str(REPO / "tests" / "tools"))
 
 
 def _link_collection() -> None:
@@ -38,6 +39,28 @@ _link_collection()
 sys.path.insert(0, str(COLLECTIONS))
 
 import nvml_sim  # noqa: E402
+import tree_state  # noqa: E402
+
+_TREE_BEFORE: set[str] | None = None
+
+
+# On in `make unit`/`make test`/`make stress` (GPUFLEET_TREE_GUARD=1), off for a pytest run by hand: a file a developer
+# edits during the run would read as written by it.
+TREE_GUARD = os.environ.get("GPUFLEET_TREE_GUARD") == "1"
+
+
+def pytest_sessionstart(session) -> None:
+    global _TREE_BEFORE
+    _TREE_BEFORE = tree_state.status() if TREE_GUARD else None
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A test writes under build/ or a tmp_path, never into the working tree: what it added fails the run."""
+    written = tree_state.added_by_run(_TREE_BEFORE)
+    if written:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            "FAILED: the tests wrote into the working tree (write under build/ or tmp_path):\n  " + "\n  ".join(written), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -175,6 +198,28 @@ def frozen(tmp_path):
     freezer = Freezer(f"gpufleet-test-{os.getpid()}-{tmp_path.name}")
     yield freezer
     freezer.remove()
+
+
+def wait_for(condition, what: str, timeout: float = 10, interval: float = 0.02) -> None:
+    """Poll `condition` until it holds, failing with `what` at the deadline: a wait on an event, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} (not within {timeout:g} s)"
+        time.sleep(interval)
+
+
+def is_stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGSTOP, then wait until the kernel shows the process stopped: kill(2) returns before the stop has landed, and a
+    test that reads the state at once may still see it running (a flake under load)."""
+    proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: is_stopped(proc.pid), f"PID {proc.pid} never stopped after SIGSTOP")
 
 
 def alive(pid: int) -> bool:

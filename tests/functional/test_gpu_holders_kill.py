@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import time
 
 import psutil
 import pytest
-from conftest import COLLECTIONS, HELPER, REPO, alive, remove_cgroup, run_module, start_module
+from conftest import COLLECTIONS, HELPER, REPO, alive, is_stopped, remove_cgroup, run_module, start_module, stop, wait_for
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -35,10 +34,7 @@ def pids_of(entries: list[dict]) -> set[int]:
 
 def wait_for_zombie_leader(pid: int) -> None:
     """The helper's leader thread exits just after it reports ready; wait until only its worker thread runs."""
-    deadline = time.monotonic() + 5
-    while ProcReader().stat(pid).state != "Z":
-        assert time.monotonic() < deadline, "leader never became a zombie"
-        time.sleep(0.02)
+    wait_for(lambda: ProcReader().stat(pid).state == "Z", "leader never became a zombie")
 
 
 def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
@@ -98,7 +94,7 @@ def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_e
 def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nvml_env):
     """G16: a SIGSTOPped process acts on SIGTERM only once continued."""
     proc, (pid,) = processes.holder("--open", devices.gpu(0))
-    proc.send_signal(signal.SIGSTOP)
+    stop(proc)
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     assert pids_of(result["terminated"]) == {pid}
     assert result["killed"] == []
@@ -177,8 +173,7 @@ def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(device
     if reaped:
         proc.wait()
     else:
-        while ProcReader().stat(parent).state != "Z":
-            time.sleep(0.01)
+        wait_for(lambda: ProcReader().stat(parent).state == "Z", "the killed parent never became a zombie")
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     assert [(s["pid"], s["gpu"], s["reason"]) for s in result["stale_nvml_pids"]] == [(parent, 0, reason)]
     assert pids_of(result["terminated"]) == {child}
@@ -566,18 +561,17 @@ def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(
     """G33 / S37: the task is killed (an Ansible timeout) while the module waits out term_timeout. Nothing it started
     outlives it, the target is not left stopped, its host lock goes with it, and the next run finishes the job."""
     proc, (pid,) = processes.holder("--open", devices.gpu(0), "--ignore-term")
-    proc.send_signal(signal.SIGSTOP)
+    stop(proc)  # stopped before the module starts, so that "running again" below can only be the module's SIGCONT
     module = start_module(MODULE, kill_args(devices, term_timeout=60), env=nvml_env)
-    deadline = time.monotonic() + 20
-    while ProcReader().stat(pid).state == "T":  # SIGTERM then SIGCONT sent: the module now waits out term_timeout
-        assert time.monotonic() < deadline and module.poll() is None, "the module never signalled the holder"
-        time.sleep(0.02)
+    # SIGTERM then SIGCONT sent: the module now waits out term_timeout
+    wait_for(lambda: not is_stopped(pid) or module.poll() is not None, "the module never continued the holder", timeout=20)
+    assert module.poll() is None, "the module ended before it was killed"
     started_by_module = psutil.Process(module.pid).children(recursive=True)
     module.kill()
     module.communicate(timeout=10)
     gone, alive_children = psutil.wait_procs(started_by_module, timeout=5)
     assert alive_children == [], f"outlived the module: {alive_children}"
-    assert alive(pid) and ProcReader().stat(pid).state != "T"
+    assert alive(pid) and not is_stopped(pid)
 
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5, lock_timeout=2), env=nvml_env)
     assert not result.failed, result["msg"]

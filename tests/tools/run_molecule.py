@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import yaml
+from tree_state import added_by_run, status
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "tests" / "sim" / "lab.py"
@@ -118,6 +119,7 @@ def main(argv: list[str]) -> int:
     subprocess.run([sys.executable, str(LAB), "image"], check=True, stdout=subprocess.DEVNULL)
     plan = plan_lanes(args.scenario or known, args.lanes)
     results: dict[str, tuple[bool, float]] = {}
+    tree_before = status()
     print_lock = threading.Lock()
     started = time.monotonic()
     threads = [threading.Thread(target=run_lane, args=(lane, names, results, print_lock))
@@ -130,7 +132,11 @@ def main(argv: list[str]) -> int:
     failed = sorted(name for name in planned if not results.get(name, (False, 0.0))[0])
     print(f"molecule: {len(planned) - len(failed)} of {len(planned)} scenario(s) passed in {time.monotonic() - started:.0f}s"
           f" ({len(plan)} lane(s)){': FAILED ' + ', '.join(failed) if failed else ''}")
-    return 1 if failed else 0
+    # a scenario writes under build/ or its ephemeral directory, never into the tracked tree
+    written = added_by_run(tree_before)
+    if written:
+        print("molecule: FAILED, the scenarios wrote into the working tree (write under build/ instead):\n  " + "\n  ".join(written))
+    return 1 if failed or written else 0
 
 
 if __name__ == "__main__":

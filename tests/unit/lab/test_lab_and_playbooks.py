@@ -99,6 +99,30 @@ def test_every_molecule_scenario_is_in_the_gate_or_the_drills_once():
     assert {"teardown_units", "switch_engine"} <= tiers["GATE_SCENARIOS"]
 
 
+def test_no_run_output_is_tracked():
+    """A report, log or build product under git would be rewritten by the next run (and show as a change)."""
+    import tree_state
+
+    assert tree_state.tracked_run_outputs() == []
+
+
+def test_the_tree_guard_sees_a_file_a_run_writes():
+    """The guard that fails a test session or a Molecule run which wrote into the tree does see such a file."""
+    import tree_state
+
+    before = tree_state.status()
+    stray = REPO / "molecule" / "switch_engine" / "reports" / "switch_engine.json"
+    stray.parent.mkdir(exist_ok=True)
+    try:
+        stray.write_text("{}")
+        assert tree_state.added_by_run(before) == ["?? molecule/switch_engine/reports/switch_engine.json"]
+        assert tree_state.tracked_run_outputs() == []  # untracked: the guard above, not this one, catches it
+    finally:
+        stray.unlink()
+        stray.parent.rmdir()
+    assert tree_state.added_by_run(before) == []
+
+
 def test_lab_model_files_are_valid_safetensors_read_in_full(tmp_path):
     """The lab's model directories are checkpoints the preflight accepts and the doubles read to the last byte."""
     import engine_double

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
-from conftest import COLLECTIONS, alive
+from conftest import COLLECTIONS, alive, stop
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill
@@ -99,7 +98,7 @@ def test_pid_one_is_refused_even_if_planned():
 def test_sigcont_follows_sigterm_for_stopped_processes(procs):
     """G16 at the signalling layer: a stopped process exits on SIGTERM only once continued."""
     proc = procs()
-    proc.send_signal(signal.SIGSTOP)
+    stop(proc)
     outcome = terminate_then_kill(Signaller(), [identity(proc)], 5, 1)
     assert [s["signal"] for s in outcome.signals] == ["SIGTERM", "SIGCONT"]
     assert [p.pid for p in outcome.terminated] == [proc.pid]
