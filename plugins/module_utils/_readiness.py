@@ -36,6 +36,7 @@ class ReadyRequest:
     completion: bool
     min_spec_acceptance: float | None
     probe_requests: int
+    soak: float = 0.0
 
     @classmethod
     def from_params(cls, params: dict) -> ReadyRequest:
@@ -48,7 +49,8 @@ class ReadyRequest:
                    model=params["model"], api_key=params["api_key"], unit=params["unit"] or None,
                    timeout=non_negative("timeout", params["timeout"]),
                    interval=non_negative("interval", params["interval"], minimum_exclusive=True), completion=params["completion"],
-                   min_spec_acceptance=floor, probe_requests=params["probe_requests"])
+                   min_spec_acceptance=floor, probe_requests=params["probe_requests"],
+                   soak=non_negative("soak", params.get("soak") or 0))
 
 
 @dataclass
@@ -69,12 +71,53 @@ def wait_ready(request: ReadyRequest, client: http.HttpClient, unit_state=None, 
                          clock=clock, stop_early=lambda found: found.readiness is None)
     found = outcome.value
     if found.readiness is None:
-        raise EngineExited(f"{request.unit} is {found.unit_state}: the engine exited while starting (journalctl -u {request.unit})",
-                           ready=False, unit_state=found.unit_state, elapsed=outcome.elapsed)
+        raise EngineExited(f"{request.unit} is {found.unit_state} {outcome.elapsed:.1f} s into this wait: the engine exited "
+                           f"(journalctl -u {request.unit})", ready=False, unit_state=found.unit_state, elapsed=outcome.elapsed)
     report = dict(ready=found.readiness.ready, checks=found.readiness.checks, waiting_for=found.readiness.waiting_for, elapsed=outcome.elapsed)
     if request.unit:
         report["unit_state"] = found.unit_state
     return report
+
+
+# what must not move while an engine soaks: a new invocation or main process, or a restart, is a crash systemd hid
+SOAK_IDENTITY = ("InvocationID", "MainPID", "NRestarts")
+# readiness failing this many probes in a row ends the soak (one slow answer on a busy node is not a crash)
+SOAK_FAILURES_IN_A_ROW = 2
+
+
+def soak(request: ReadyRequest, client: http.HttpClient, unit_properties=None, clock: Clock | None = None) -> dict:
+    """Once ready, keep watching for request.soak seconds (Kubernetes' minReadySeconds): the unit keeps its invocation,
+    main PID and restart count, and readiness with a one-token completion keeps passing. Raises EngineExited (the unit
+    moved) or CheckFailed (it stopped serving), naming how long after it was ready; the soak's record otherwise."""
+    clock = clock or Clock()
+    started = clock.monotonic()
+    baseline = {key: unit_properties(request.unit).get(key) for key in SOAK_IDENTITY} if request.unit and unit_properties else None
+    probes, failing, last = 0, 0, None
+
+    def moved() -> str | None:
+        now = unit_properties(request.unit)
+        if now.get("ActiveState") in EXITED_STATES or now.get("SubState") == "auto-restart":
+            return f"is {now.get('SubState') or now.get('ActiveState')}"
+        changes = [f"{key} {baseline[key]} -> {now.get(key)}" for key in SOAK_IDENTITY if now.get(key) != baseline[key]]
+        return ", ".join(changes) or None
+
+    while True:
+        after = clock.monotonic() - started
+        if baseline is not None:
+            change = moved()
+            if change:
+                raise EngineExited(f"{request.unit} crashed {after:.1f} s after it was ready ({change}; journalctl -u {request.unit})",
+                                   ready=False, soak={"seconds": round(after, 2), "probes": probes, "passed": False})
+        last = http.check_ready(request.engine, client, request.model, completion=True)
+        probes += 1
+        failing = 0 if last.ready else failing + 1
+        if failing >= SOAK_FAILURES_IN_A_ROW:
+            raise CheckFailed(f"stopped serving {after:.1f} s after it was ready: {last.waiting_for} ({failing} probes in a row)",
+                              ready=False, checks=last.checks, soak={"seconds": round(after, 2), "probes": probes, "passed": False})
+        remaining = request.soak - (clock.monotonic() - started)
+        if remaining <= 0:
+            return {"seconds": round(clock.monotonic() - started, 2), "probes": probes, "passed": True}
+        clock.sleep(min(request.interval, remaining))
 
 
 def check_acceptance(request: ReadyRequest, client: http.HttpClient, report: dict) -> float | None:

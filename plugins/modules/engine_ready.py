@@ -66,6 +66,15 @@ options:
     description: Completions sent for the acceptance probe.
     type: int
     default: 8
+  soak:
+    description:
+      - Once ready, keep watching the engine for this many seconds before the task succeeds, as Kubernetes'
+        C(minReadySeconds) - an engine that crashes on its first real batches (a KV-cache or CUDA-graph OOM) fails here.
+      - Every O(interval) readiness and a one-token completion must pass (two failing probes in a row fail the task);
+        with O(unit), its C(InvocationID), C(MainPID) and C(NRestarts) must not move - a restart by systemd is a crash.
+      - V(0) (the default) does not soak.
+    type: float
+    default: 0
 requirements:
   - systemd, when O(unit) is given
 seealso:
@@ -109,6 +118,10 @@ unit_state:
   description: ActiveState of O(unit) at the last attempt.
   returned: when O(unit) is given
   type: str
+soak:
+  description: The soak's record - C(seconds) watched, C(probes) sent, C(passed).
+  returned: when O(soak) is above 0 and the engine was ready
+  type: dict
 spec_acceptance:
   description: Acceptance measured over the probe, when O(min_spec_acceptance) is set.
   returned: when probed
@@ -137,6 +150,7 @@ ARGUMENT_SPEC = dict(
     completion=dict(type="bool", default=True),
     min_spec_acceptance=dict(type="float"),
     probe_requests=dict(type="int", default=8),
+    soak=dict(type="float", default=0),
 )
 
 
@@ -154,6 +168,19 @@ def unit_state_reader(module: AnsibleModule):
     return unit_state
 
 
+def unit_properties_reader(module: AnsibleModule):
+    """The unit's properties (InvocationID, MainPID, NRestarts, ActiveState, SubState) through the same seam; {} when
+    systemctl cannot say."""
+    systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def unit_properties(unit: str) -> dict:
+        try:
+            return systemctl.show(unit).properties
+        except CommandFailed:
+            return {}
+    return unit_properties
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
@@ -162,6 +189,8 @@ def main() -> None:
         result = readiness.wait_ready(request, client, unit_state_reader(module) if request.unit else None)
         if result["ready"] and request.min_spec_acceptance is not None:
             result["spec_acceptance"] = readiness.check_acceptance(request, client, result)
+        if result["ready"] and request.soak > 0:
+            result["soak"] = readiness.soak(request, client, unit_properties_reader(module) if request.unit else None)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(changed=False, **result)

@@ -28,6 +28,7 @@ PHASES = {
     "verify": ("#56ccf2", "verify"),
     "rollback": ("#9b51e0", "rollback"),
     "join_rotation": ("#f2c94c", "join rotation"),
+    "soak": ("#b7e4c7", "soak (serving, watched)"),
 }
 QUIET_PHASES = ("lease", "discover", "backup", "plan", "boot")  # drawn thin and grey: bookkeeping, no disruption
 FAILED_RESULTS = ("failed", "rolled_back", "rollback_failed", "unreachable", "preflight_failed")

@@ -23,11 +23,14 @@ SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BA
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
 # the phases of a switch, in order; a host's durations are keyed by them (plan: check mode only)
 PHASES = ("lease", "discover", "preflight", "prewarm", "backup", "plan", "leave_rotation", "drain", "teardown", "bring_up", "verify",
-          "rollback", "join_rotation", "boot")
+          "rollback", "join_rotation", "soak", "boot")
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
 DOWNTIME_PARTS = ("leave_rotation", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
 # gpu_cleanup results, per host
 TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
+# gpu_teardown's steps, in order, as its record names them
+TEARDOWN_STEPS = ("before", "units", "holders", "after")
+NOT_IN_LIMIT = "not in this run's --limit: left as it was, not contacted"
 
 
 class ReportError(ValueError):
@@ -85,11 +88,16 @@ def teardown_host_report(steps: dict) -> dict:
     """
     units = [unit_summary(result) for result in (steps.get("units") or {}).get("results") or [] if result.get("unit") or result.get("failed")]
     holders = steps.get("holders") or {}
+    failed_step, reason = steps.get("failed_step"), failure_reason(steps.get("failure")) if steps.get("failed_step") else None
+    # a node lost during the teardown: Ansible does not fail an unreachable step, and what follows it did not run
+    lost = next((name for name in TEARDOWN_STEPS if (steps.get(name) or {}).get("unreachable")), None)
+    if lost and not failed_step:
+        failed_step, reason = lost, f"became unreachable during the {lost} step: {(steps.get(lost) or {}).get('msg') or ''}".rstrip(": ")
     report = {
-        "result": "failed" if steps.get("failed_step") else "ok",
+        "result": "failed" if failed_step else "ok",
         "check_mode": bool(steps.get("check_mode")),
-        "failed_step": steps.get("failed_step"),
-        "reason": failure_reason(steps.get("failure")) if steps.get("failed_step") else None,
+        "failed_step": failed_step,
+        "reason": reason,
         "units": units,
         "terminated": [process_summary(p) for p in holders.get("terminated") or []],
         "killed": [process_summary(p) for p in holders.get("killed") or []],
@@ -195,6 +203,7 @@ def switch_host_report(record: dict) -> dict:
         "from": record.get("previous") or "none",
         "to": record.get("target"),
         "engines_found": list(record.get("found") or []),
+        "engines_serving": None if record.get("serving") is None else list(record["serving"]),
         "reason": outcome.get("reason"),
         "failed_phase": (phases[-1] if phases else None) if result not in SWITCH_SUCCESSES else None,
         "rollback_error": outcome.get("rollback_error"),
@@ -217,9 +226,11 @@ def switch_host_report(record: dict) -> dict:
     }
 
 
-def not_reached_report(target: str | None, reason: str) -> dict:
-    """A host the run left as it was: behind a stopped rollout, or never reached."""
-    return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "reason": reason, "failed_phase": None,
+def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
+    """A host the run left as it was: behind a stopped rollout (``serving``: the engines it was seen serving, read
+    without touching it), outside the limit, or never reached (``serving`` None: not known)."""
+    return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "engines_serving": None if serving is None else list(serving),
+            "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "preflight": [], "prewarm": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
@@ -236,16 +247,21 @@ def _summary(hosts: dict, results: tuple) -> dict:
 def fleet_serving(hosts: dict, started=None) -> dict:
     """How many nodes served over the rollout, from each node's time out of rotation.
 
-    A node serves before its switch when an engine was found on it, and after when it switched or rolled back; not
-    reached nodes were left as they were and are counted apart (``untouched``). ``serving`` is a step series of
+    A node serves when an engine answers its readiness, not when a unit is merely active (a crash loop is active):
+    before its switch when an engine was seen serving at discovery, after it when it switched, rolled back, or was left
+    serving (unchanged, failed before the drain). A node the run did not reach counts as it was seen serving (read
+    without touching it; unknown counts as not serving) and is also counted apart (``untouched``). Reports without
+    ``engines_serving`` (older runs) fall back to the engines found running. ``serving`` is a step series of
     [seconds since the run started, nodes serving], one point per change.
     """
     events, serving, untouched = [], 0, 0
     for report in hosts.values():
+        seen = report.get("engines_serving")
+        was = bool(seen) if seen is not None or report["result"] == NOT_REACHED else bool(report.get("engines_found"))
         if report["result"] == NOT_REACHED:
             untouched += 1
+            serving += was
             continue
-        was = bool(report.get("engines_found"))
         out = report.get("out_of_rotation")
         serving += was
         if out:
@@ -267,10 +283,13 @@ def fleet_serving(hosts: dict, started=None) -> dict:
 def switch_run_report(host_reports: dict, run: dict) -> dict:
     """The switch_engine JSON document: the run, a summary and every host of the run (``None``: not reached)."""
     target = run.get("target")
+    outside_limit = set(run.get("not_in_limit") or [])
     hosts = {}
     for host in sorted(host_reports):
         report = host_reports[host]
-        hosts[host] = report if report else not_reached_report(target, "not reached: unreachable, or left out by the rollout")
+        if not report:
+            report = not_reached_report(target, NOT_IN_LIMIT if host in outside_limit else "unreachable before its switch began")
+        hosts[host] = report
     return {
         "schema_version": SCHEMA_VERSION,
         "playbook": "switch_engine",
@@ -288,11 +307,14 @@ def switch_run_report(host_reports: dict, run: dict) -> dict:
 
 def teardown_run_report(host_reports: dict, run: dict) -> dict:
     """The gpu_cleanup JSON document."""
+    outside_limit = set(run.get("not_in_limit") or [])
     hosts = {}
     for host in sorted(host_reports):
         report = host_reports[host]
-        hosts[host] = report if report else dict(teardown_host_report({}), result="not_reached",
-                                                 reason="not reached: unreachable, or failed before the teardown")
+        if not report:
+            report = dict(teardown_host_report({}), result="not_reached",
+                          reason=NOT_IN_LIMIT if host in outside_limit else "unreachable before its teardown began")
+        hosts[host] = report
     return {
         "schema_version": SCHEMA_VERSION,
         "playbook": "gpu_cleanup",
@@ -389,7 +411,13 @@ def switch_table(document: dict) -> str:
         plan = report.get("plan")
         if plan:
             running = plan.get("running_requests")
-            details.append(f"{host}: would drain {'-' if running is None else f'{running:g}'} running request(s), stop "
+            if report.get("from") in (None, "none"):
+                draining = "would drain nothing (no engine running)"
+            elif running is None:
+                draining = f"would drain {report['from']} (its running requests could not be read)"
+            else:
+                draining = f"would drain {running:g} running request(s)"
+            details.append(f"{host}: {draining}, stop "
                            f"{', '.join(plan.get('units_to_stop') or []) or 'no unit'} ({plan.get('unit_processes', 0)} GPU process(es) in "
                            f"them), signal {len(plan.get('processes_to_signal') or [])} other GPU process(es); "
                            f"GPU MiB used (gpu:MiB) {_memory(plan.get('gpus') or [])}")
@@ -411,5 +439,6 @@ def switch_table(document: dict) -> str:
     summary = []
     if fleet and fleet.get("nodes"):
         summary = [f"serving: {fleet['serving_at_start']} of {fleet['nodes']} node(s) at the start, {fleet['serving_at_end']} at the end, "
-                   f"never fewer than {fleet['min_serving']}" + (f" ({fleet['untouched']} not reached)" if fleet.get("untouched") else "")]
+                   f"never fewer than {fleet['min_serving']} (a node serves when its engine answers readiness)"
+                   + (f"; {fleet['untouched']} node(s) not reached, counted as they were seen serving" if fleet.get("untouched") else "")]
     return _table(headers, rows) + ("\n\n" + "\n".join(summary + details) if summary or details else "")

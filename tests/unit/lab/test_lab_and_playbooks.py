@@ -63,13 +63,14 @@ def test_switch_run_ids_are_random_enough_to_tell_concurrent_runs_apart():
     """Two runs sharing a run id would share the node lease. Jinja binds `2**32 | random` as `2 ** (32 | random)`,
     32 possible values; the playbook's expressions must draw from the whole range."""
     plays = yaml.safe_load((REPO / "playbooks" / "switch_engine.yml").read_text())
-    naming = next(task for task in plays[0]["tasks"] if "switch_engine_run_id" in task.get("ansible.builtin.set_fact", {}))
-    on_node = next(task for task in plays[1]["tasks"] if "__switch_engine_run_id" in task.get("ansible.builtin.set_fact", {}))
-    expressions = [naming["ansible.builtin.set_fact"]["switch_engine_run_id"], on_node["ansible.builtin.set_fact"]["__switch_engine_run_id"]]
-    tokens = [re.search(r"run_owner\((.*)\)\) }}$|run_owner\((.*)\) }}$", expression) for expression in expressions]
+    naming = [task for play in plays for task in play["tasks"] if "run_owner" in str(task.get("ansible.builtin.set_fact", {}))]
+    assert len(naming) == 1, "one run id per run, named once on the controller (with --limit too)"
+    assert plays[0].get("run_once") is True and plays[0]["hosts"] == plays[1]["hosts"] + ":localhost", "named once, for the nodes of any --limit"
+    expressions = [naming[0]["ansible.builtin.set_fact"]["switch_engine_run_id"]]
+    tokens = [re.search(r"run_owner\((.*)\) }}$", expression) for expression in expressions]
     templar = Templar(loader=DataLoader(), variables={"hostvars": {"localhost": {}}})
     for match in tokens:
-        token = "{{ " + (match.group(1) or match.group(2)) + " }}"
+        token = "{{ " + match.group(1) + " }}"
         drawn = {templar.template(trust_as_template(token)) for _draw in range(200)}
         assert len(drawn) > 190, f"{token}: only {len(drawn)} distinct values in 200 draws"
 

@@ -182,6 +182,8 @@ def test_the_plan_separates_the_units_processes_from_other_holders():
     table = reports.switch_table(reports.switch_run_report({"node2": report}, {"check_mode": True}))
     assert "node2: would drain 2 running request(s), stop vllm.service (1 GPU process(es) in them), signal 1 other GPU process(es)" in table
     assert "node2: would write sglang's unit (--diff shows the unit)" in table and "node2: would signal 51 python3" in table
+    nothing = reports.switch_host_report(dict(planned_record(), previous="none", found=[]))
+    assert "node2: would drain nothing (no engine running), stop" in reports.switch_table(reports.switch_run_report({"node2": nothing}, {}))
 
 
 def test_fleet_serving_counts_follow_each_nodes_time_out_of_rotation():
@@ -193,14 +195,51 @@ def test_fleet_serving_counts_follow_each_nodes_time_out_of_rotation():
     assert fleet["nodes"] == 4 and fleet["untouched"] == 1 and fleet["serving_at_start"] == 2 and fleet["serving_at_end"] == 3
     assert fleet["serving"] == [[0.0, 2], [3.0, 1], [18.0, 2], [18.0, 3], [23.0, 2], [38.0, 3]]
     assert fleet["min_serving"] == 1
-    assert "serving: 2 of 4 node(s) at the start, 3 at the end, never fewer than 1 (1 not reached)" in reports.switch_table(document)
+    assert ("serving: 2 of 4 node(s) at the start, 3 at the end, never fewer than 1 (a node serves when its engine answers readiness);"
+            " 1 node(s) not reached, counted as they were seen serving") in reports.switch_table(document)
+
+
+def test_a_node_not_reached_that_serves_throughout_counts_as_serving():
+    """Issue 23.4: a stopped rollout leaves node2 serving vLLM; it was read, not touched, and counts at both ends."""
+    failed = reports.switch_host_report(rotated_record(result="rollback_failed", serving=["vllm"],
+                                                       outcome={"result": "rollback_failed", "reason": "x", "rollback_error": "y"}))
+    left = reports.not_reached_report("sglang", "rollout stopped", ["vllm"])
+    fleet = reports.switch_run_report({"node1": failed, "node2": left}, {"started": T0})["fleet"]
+    assert (fleet["serving_at_start"], fleet["serving_at_end"], fleet["min_serving"], fleet["untouched"]) == (2, 1, 1, 1)
+
+
+def test_a_node_whose_engine_crash_loops_at_the_start_is_not_counted_as_serving():
+    """Issue 23.4: its unit reads activating (found running) but its engine answered no readiness: it served no one."""
+    looping = reports.switch_host_report(rotated_record(found=["vllm"], serving=[]))
+    serving = reports.switch_host_report(rotated_record(found=["vllm"], serving=["vllm"]))
+    assert looping["engines_found"] == ["vllm"] and looping["engines_serving"] == []
+    fleet = reports.switch_run_report({"a": looping, "b": serving}, {"started": T0})["fleet"]
+    assert (fleet["serving_at_start"], fleet["serving_at_end"], fleet["min_serving"]) == (1, 2, 0)
+    # a node not reached and not readable (unreachable) is not counted as serving
+    unread = reports.switch_run_report({"a": None}, {"started": T0})["fleet"]
+    assert (unread["serving_at_start"], unread["untouched"]) == (0, 1)
+
+
+def test_a_node_outside_the_limit_says_so():
+    document = reports.switch_run_report({"node1": None, "node2": None}, {"not_in_limit": ["node1"]})
+    assert document["hosts"]["node1"]["reason"] == "not in this run's --limit: left as it was, not contacted"
+    assert document["hosts"]["node2"]["reason"] == "unreachable before its switch began"
+    cleanup = reports.teardown_run_report({"node1": None}, {"not_in_limit": ["node1"]})
+    assert cleanup["hosts"]["node1"]["result"] == "not_reached" and "--limit" in cleanup["hosts"]["node1"]["reason"]
+
+
+def test_a_node_lost_during_its_teardown_is_failed_not_ok():
+    """Ansible fails no unreachable step; the record must not read ok when the steps after it never ran."""
+    report = reports.teardown_host_report(teardown_steps(holders={"unreachable": True, "msg": "ssh: connection refused"}))
+    assert report["result"] == "failed" and report["failed_step"] == "holders"
+    assert report["reason"] == "became unreachable during the holders step: ssh: connection refused"
 
 
 def test_the_switch_document_matches_its_documentation():
     hosts = {"node1": reports.switch_host_report(rotated_record()), "node2": reports.switch_host_report(planned_record()), "node3": None}
     document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
                                                  "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
-                                                                "max_fail_percentage": 0}})
+                                                                "max_fail_percentage": 0, "rotation": "none", "soak_seconds": 15}})
     assert document["schema_version"] == 1 and document["hosts"]["node3"]["result"] == "not_reached"
     assert document["summary"] == {"hosts": 3, "switched": 1, "unchanged": 0, "would_switch": 1, "preflight_failed": 0, "rolled_back": 0,
                                    "rollback_failed": 0, "failed": 0, "unreachable": 0, "not_reached": 1}

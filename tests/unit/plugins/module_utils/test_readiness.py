@@ -42,7 +42,7 @@ def test_a_unit_that_exits_while_awaited_ends_the_wait_at_once_with_an_error():
     clock = FakeClock()
     with pytest.raises(EngineExited) as raised:
         readiness.wait_ready(readiness.ReadyRequest.from_params(READY_PARAMS), ScriptedClient({}), lambda unit: next(states), clock=clock)
-    assert raised.value.msg.startswith("vllm.service is auto-restart: the engine exited while starting")
+    assert raised.value.msg.startswith("vllm.service is auto-restart 2.0 s into this wait: the engine exited (journalctl -u vllm.service)")
     assert raised.value.context["unit_state"] == "auto-restart" and clock.now == 2.0, "the third reading ended it, not the deadline"
 
 
@@ -53,6 +53,48 @@ def test_ready_and_not_ready_are_reports():
     assert report["ready"] and report["unit_state"] == "active"
     waiting = readiness.wait_ready(readiness.ReadyRequest.from_params(dict(READY_PARAMS, unit=None)), ScriptedClient({}), clock=FakeClock())
     assert not waiting["ready"] and waiting["waiting_for"].startswith("/health: no connection") and "unit_state" not in waiting
+
+
+def serving_client(health=lambda: http.Response(200)) -> ScriptedClient:
+    return ScriptedClient({"/health": health, "/v1/models": http.Response(200, '{"data": [{"id": "llama70b"}]}'),
+                           "/v1/completions": http.Response(200, '{"choices": [{"text": " Paris"}]}')})
+
+
+def unit_at(clock: FakeClock, crash_at: float | None = None):
+    """The unit's properties over time: a new main PID and one restart from crash_at on (systemd's Restart=)."""
+    def properties(unit):
+        crashed = crash_at is not None and clock.now >= crash_at
+        return {"ActiveState": "active", "SubState": "running", "InvocationID": "a1", "MainPID": "200" if crashed else "100",
+                "NRestarts": "1" if crashed else "0"}
+    return properties
+
+
+def test_a_soak_that_holds_watches_its_whole_length_with_completions():
+    """Issue 23.3: readiness and a completion every interval, the unit's identity unchanged, for the soak's length."""
+    clock, client = FakeClock(), serving_client()
+    record = readiness.soak(readiness.ReadyRequest.from_params(dict(READY_PARAMS, soak=10, interval=1)), client, unit_at(clock), clock=clock)
+    assert record == {"seconds": 10.0, "probes": 11, "passed": True} and clock.now == 10.0
+    assert client.calls.count(("POST", "/v1/completions")) == 11
+
+
+def test_an_engine_restarted_by_systemd_during_the_soak_is_a_crash_named_with_when():
+    """A crash 6 s after ready: systemd restarted it (new main PID, NRestarts moved) and it may answer again - still a crash."""
+    clock = FakeClock()
+    with pytest.raises(EngineExited) as raised:
+        readiness.soak(readiness.ReadyRequest.from_params(dict(READY_PARAMS, soak=30, interval=1)), serving_client(), unit_at(clock, 6), clock=clock)
+    assert raised.value.msg.startswith("vllm.service crashed 6.0 s after it was ready (MainPID 100 -> 200, NRestarts 0 -> 1")
+    assert raised.value.context["soak"]["passed"] is False and clock.now == 6.0, "it ended at the crash, not at the soak's end"
+
+
+def test_a_soak_fails_on_readiness_failing_twice_in_a_row_not_once():
+    clock = FakeClock()
+    answers = iter([http.Response(200), http.Response(None, error="timed out")] + [http.Response(200)] * 3
+                   + [http.Response(503), http.Response(503)] + [http.Response(200)] * 100)
+    request = readiness.ReadyRequest.from_params(dict(READY_PARAMS, soak=30, interval=1))
+    with pytest.raises(CheckFailed, match=r"stopped serving 6.0 s after it was ready: /health: 503 \(2 probes in a row\)"):
+        readiness.soak(request, serving_client(lambda: next(answers)), unit_at(clock), clock=clock)
+    with pytest.raises(InvalidInput, match="soak"):
+        readiness.ReadyRequest.from_params(dict(READY_PARAMS, soak=-1))
 
 
 def test_acceptance_under_the_floor_is_a_failed_check_carrying_the_report():
