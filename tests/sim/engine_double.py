@@ -28,6 +28,8 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
   health_never_green         /health (and /health_generate, /ready) answer 503 forever
   spec_acceptance (0.7)      share of drafted tokens accepted (low values: the drafter slows things down)
   exit_on_start              exit 1 right after parsing, as on a bad model path
+  crash_after_ready_seconds  the server SIGKILLs itself this long after its first good /health (an OOM on the first
+                             batches); under Restart= systemd starts it again, and it crashes again: a restart loop
   ignore_busy_gpus           start even when another process uses the GPUs (two engines on one node after a reboot)
   version                    the version `vllm --version` prints (default: the real one this double mimics)
 
@@ -134,6 +136,7 @@ class Server:
         self.running = 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.crash_armed = threading.Event()
         self.warm = False
         self.workers: list[subprocess.Popen] = []
         self.created = int(time.time())
@@ -193,6 +196,9 @@ class Server:
     def healthy(self) -> bool:
         if self.faults.get("health_never_green") or not self.warm:
             return False
+        if self.faults.get("crash_after_ready_seconds") is not None and not self.crash_armed.is_set():
+            self.crash_armed.set()
+            threading.Timer(float(self.faults["crash_after_ready_seconds"]), os.kill, (os.getpid(), signal.SIGKILL)).start()
         return not (self.settings.engine == "sglang" and self.stopping.is_set())
 
     def complete(self, body: dict) -> tuple[int, dict]:

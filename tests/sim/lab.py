@@ -286,6 +286,8 @@ def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int 
               "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
               "-o ServerAliveInterval=5 -o ServerAliveCountMax=3'",
               "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}",
+              # the doubles crash only when told to (crash_after_ready_seconds): a short soak keeps the lab's runs quick
+              "switch_engine_soak_seconds=3",
               *engine_settings(gpus, bool(http_port))]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 
