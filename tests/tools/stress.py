@@ -20,9 +20,9 @@ import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "stress"

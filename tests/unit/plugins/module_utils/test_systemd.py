@@ -160,9 +160,12 @@ class FakeSystemd:
         for proc in self.members:
             proc.poll()  # reap, as systemd reaps its children
         main_alive = alive(self.members[0].pid)
+        # as systemd: with KillMode=control-group the stop job signalled every member and the unit stays deactivating
+        # until the last one is gone (under load a member can outlive the main process by a moment)
+        signalled_alive = any(alive(proc.pid) for proc in self.members) if self.kill_mode == "control-group" else main_alive
         if not self.stopping:
             active = "active" if main_alive else "inactive"
-        elif main_alive:
+        elif signalled_alive:
             active = "deactivating"
         else:
             active = "inactive"
