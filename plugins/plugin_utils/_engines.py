@@ -387,10 +387,27 @@ def engine_facts(config: dict, engine: str) -> dict:
         "visible_devices": str(environment["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in environment else None,
         "install": install,
         "install_dir": read.text("virtualenv") if install else None,
+        **_virtualenvs(read, install),
         "version": (read.text("version") or None) if install else None,  # pinned only by an install
         "version_argv": version_argv(config, engine),
     })
     return facts
+
+
+def _virtualenvs(read: _Reader, install: bool) -> dict:
+    """Where the pinned versions' virtualenvs sit side by side, and how many a verified engine keeps (older: pruned).
+
+    Pruning needs the virtualenv directly under the root (the default <root>/<version>); elsewhere nothing is pruned.
+    """
+    if not install:
+        return {"virtualenvs_root": None, "virtualenvs_keep": None}
+    root = read.text("virtualenvs_root")
+    if root and (not posixpath.isabs(root) or posixpath.normpath(root) == "/"):
+        read.fail("virtualenvs_root", f"give an absolute directory other than /, got {root!r}")
+    keep = read.number("virtualenvs_keep", minimum=1)
+    directory = posixpath.normpath(read.text("virtualenv"))
+    side_by_side = bool(root) and posixpath.dirname(directory) == posixpath.normpath(root)
+    return {"virtualenvs_root": posixpath.normpath(root) if side_by_side else None, "virtualenvs_keep": keep or 2}
 
 
 def unauthenticated_binds(settings_by_host: dict) -> list[str]:
@@ -467,3 +484,20 @@ def engine_secrets(facts: dict, api_key: str) -> dict:
     read = _Reader({}, facts["engine"])
     secrets = {SECRET_VARIABLE[facts["engine"]]: api_key} if api_key else {}
     return dict(facts, api_key=api_key or "", secrets_lines=_escaped(read, "api_key", _systemd_escape.environment_file_line, secrets.items()))
+
+
+def unit_command(exec_start: str | None) -> list[str]:
+    """The words of a unit's first ExecStart=, from `systemctl show` ({ path=... ; argv[]=WORDS ; ... }); [] if none."""
+    found = re.search(r"argv\[\]=(.*?) ; ", exec_start or "")
+    return found.group(1).split() if found else []
+
+
+def command_model(engine: str, argv: list) -> str | None:
+    """The model an engine's command line serves: `vllm serve MODEL`, SGLang's --model-path (or --model)."""
+    words = [str(word) for word in argv or []]
+    if engine == "vllm":
+        return words[words.index("serve") + 1] if "serve" in words[:-1] else None
+    for flag in ("--model-path", "--model"):
+        if flag in words[:-1]:
+            return words[words.index(flag) + 1]
+    return None

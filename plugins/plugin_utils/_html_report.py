@@ -17,6 +17,8 @@ from __future__ import annotations
 import html
 from datetime import datetime
 
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
+
 # phase -> (colour, label); the order is the legend's
 PHASES = {
     "preflight": ("#9aa5b1", "preflight"),
@@ -305,7 +307,7 @@ def _host_rows(document: dict) -> str:
             reason += f" ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}"
         if switch:
             downtime = "-" if report.get("downtime_s") is None else f'{report["downtime_s"]:.1f}'
-            rows.append([name, cell, f'{report.get("from") or "-"} -> {report.get("to") or "-"}', f'<td class="num">{downtime}</td>',
+            rows.append([name, cell, f'{_reports.engine_label(report, "from")} -> {_reports.engine_label(report, "to")}', f'<td class="num">{downtime}</td>',
                          report.get("failed_phase") or "", reason, f"<td>{folded}</td>"])
         else:
             stopped = ", ".join(unit.get("unit") for unit in report.get("units") or [] if unit.get("changed"))

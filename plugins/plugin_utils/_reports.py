@@ -172,7 +172,23 @@ def _plan(plan, teardown) -> dict | None:
             "unit_processes": len([p for p in holders if p.get("unit") in units]),
             "processes_to_signal": [p for p in holders if p.get("unit") not in units],
             "target_files_change": dict(plan.get("target_files_change") or {}),
+            "target_install": dict(plan["target_install"]) if plan.get("target_install") else None,
             "gpus": list(teardown.get("memory_before") or [])}
+
+
+def _identity(identity) -> dict | None:
+    if not identity:
+        return None
+    return {key: identity.get(key) or None for key in ("engine", "version", "model")}
+
+
+def engine_label(report: dict, side: str) -> str:
+    """`vllm 0.33.0` (the version where known) for a report's from or to; `-` for none."""
+    identity = report.get(f"{side}_engine") or {}
+    name = identity.get("engine") or report.get(side)
+    if not name or name == "none":
+        return name or "-"
+    return f"{name} {identity['version']}" if identity.get("version") else name
 
 
 def switch_host_report(record: dict) -> dict:
@@ -202,6 +218,9 @@ def switch_host_report(record: dict) -> dict:
         "result": result,
         "from": record.get("previous") or "none",
         "to": record.get("target"),
+        # engine, version and model: what ran before (as its unit started it) and what the switch brought up
+        "from_engine": _identity(record.get("from_engine")),
+        "to_engine": _identity(record.get("to_engine")),
         "engines_found": list(record.get("found") or []),
         "engines_serving": None if record.get("serving") is None else list(record["serving"]),
         "reason": outcome.get("reason"),
@@ -229,7 +248,8 @@ def switch_host_report(record: dict) -> dict:
 def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
     """A host the run left as it was: behind a stopped rollout (``serving``: the engines it was seen serving, read
     without touching it), outside the limit, or never reached (``serving`` None: not known)."""
-    return {"result": NOT_REACHED, "from": None, "to": target, "engines_found": [], "engines_serving": None if serving is None else list(serving),
+    return {"result": NOT_REACHED, "from": None, "to": target, "from_engine": None, "to_engine": None,
+            "engines_found": [], "engines_serving": None if serving is None else list(serving),
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "preflight": [], "prewarm": None, "plan": None,
@@ -396,7 +416,7 @@ def switch_table(document: dict) -> str:
     details = []
     for host, report in sorted((document.get("hosts") or {}).items()):
         durations = report.get("durations_s") or {}
-        rows.append([host, report.get("from") or "-", report.get("to") or "-", report.get("result"), _seconds(report.get("downtime_s")),
+        rows.append([host, engine_label(report, "from"), engine_label(report, "to"), report.get("result"), _seconds(report.get("downtime_s")),
                      _seconds(durations.get("drain")), _seconds(durations.get("teardown")), _seconds(durations.get("bring_up")),
                      _seconds(durations.get("verify")), _seconds(durations.get("total")), len(report.get("killed") or [])])
         if len(report.get("engines_found") or []) > 1:
@@ -421,6 +441,10 @@ def switch_table(document: dict) -> str:
                            f"{', '.join(plan.get('units_to_stop') or []) or 'no unit'} ({plan.get('unit_processes', 0)} GPU process(es) in "
                            f"them), signal {len(plan.get('processes_to_signal') or [])} other GPU process(es); "
                            f"GPU MiB used (gpu:MiB) {_memory(plan.get('gpus') or [])}")
+            install = plan.get("target_install")
+            if install:
+                details.append(f"{host}: would install {report.get('to')} {install.get('version')} "
+                               f"(now {install.get('installed') or 'not installed'}) before the drain")
             changes = [name for name, changed in (plan.get("target_files_change") or {}).items() if changed]
             if changes:
                 details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")

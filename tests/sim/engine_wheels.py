@@ -1,13 +1,14 @@
 """Build wheels named vllm and sglang, at the versions the roles pin, that install the lab's engine doubles.
 
-    python3 engine_wheels.py DIR [--vllm 0.33.0] [--sglang 0.5.23]
+    python3 engine_wheels.py DIR [--vllm 0.33.0 ...] [--sglang 0.5.23 ...] [--broken-vllm 0.35.0 ...]
 
 They let the roles' pinned virtualenv install (vllm_install / sglang_install) run for real on an offline node:
 `pip install --no-index --find-links DIR vllm==0.33.0` creates `<venv>/bin/vllm`, and the sglang wheel provides
 `python -m sglang.launch_server` and `sglang serve` in the virtualenv (`vllm --version` and `sglang.__version__` print
 the pin); both require nvidia-ml-py, whose wheel the lab
 keeps in the same directory. What they run is the lab's double
-(tests/sim/engine_double.py, mounted on the nodes), not the engines.
+(tests/sim/engine_double.py, mounted on the nodes), not the engines. A broken build (--broken-vllm, --broken-sglang)
+installs and reports its version like the others, and exits with an error when started, as a bad release does.
 """
 
 from __future__ import annotations
@@ -24,15 +25,20 @@ RUN_DOUBLE = '''"""Test double of {engine}'s CLI (the simulated lab's engine dou
 import runpy
 import sys
 
+from {engine} import __version__
+
+BROKEN = {broken}
+
 
 def run(argv):
+    if BROKEN:
+        raise RuntimeError("broken " + __version__)
     sys.argv = ["engine_double.py", "{engine}", *argv]
     runpy.run_path("{double}", run_name="__main__")
 
 
 def main():
     if sys.argv[1:2] == ["--version"]:
-        from {engine} import __version__
         print(__version__)
         return
     if sys.argv[1:2] != ["serve"]:
@@ -53,10 +59,10 @@ def record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def build(directory: Path, engine: str, version: str) -> Path:
+def build(directory: Path, engine: str, version: str, broken: bool = False) -> Path:
     files = {
         f"{engine}/__init__.py": f'__version__ = "{version}"\n',
-        f"{engine}/_double.py": RUN_DOUBLE.format(engine=engine, double=DOUBLE),
+        f"{engine}/_double.py": RUN_DOUBLE.format(engine=engine, double=DOUBLE, broken=broken),
     }
     if engine == "sglang":
         files["sglang/launch_server.py"] = LAUNCH_SERVER
@@ -78,12 +84,16 @@ def build(directory: Path, engine: str, version: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--vllm", default="0.33.0")
-    parser.add_argument("--sglang", default="0.5.23")
+    for engine, pin in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
+        parser.add_argument(f"--{engine}", action="append", metavar="VERSION", help=f"a working build (default {pin})")
+        parser.add_argument(f"--broken-{engine}", action="append", default=[], metavar="VERSION", help="a build that exits at start")
     args = parser.parse_args()
     args.directory.mkdir(parents=True, exist_ok=True)
-    for engine in ("vllm", "sglang"):
-        print(build(args.directory, engine, getattr(args, engine)))
+    for engine, pin in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
+        for version in getattr(args, engine) or [pin]:
+            print(build(args.directory, engine, version))
+        for version in getattr(args, f"broken_{engine}"):
+            print(build(args.directory, engine, version, broken=True))
 
 
 if __name__ == "__main__":

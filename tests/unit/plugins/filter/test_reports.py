@@ -299,3 +299,28 @@ def test_the_failed_phase_is_the_one_before_the_recovery_steps():
     stuck = rotated_record("failed", outcome={"result": "failed", "reason": "HAProxy socket refused"})
     stuck["marks"] = stuck["marks"][:5] + [["join_rotation", T0 + 4], ["end", T0 + 5]]
     assert reports.switch_host_report(stuck)["failed_phase"] == "leave_rotation"
+
+
+def test_from_and_to_carry_engine_version_and_model_in_the_report_the_table_and_the_page():
+    from ansible_collections.gpufleet.serving.plugins.plugin_utils import _html_report as html_report
+
+    record = switch_record(target="vllm", previous="vllm", found=["vllm"],
+                           from_engine={"engine": "vllm", "version": "0.33.0", "model": "/models/a"},
+                           to_engine={"engine": "vllm", "version": "0.34.0", "model": "/models/a"})
+    report = reports.switch_host_report(record)
+    assert report["from"] == "vllm" and report["to"] == "vllm", "the engine names stay as they were"
+    assert report["from_engine"] == {"engine": "vllm", "version": "0.33.0", "model": "/models/a"}
+    assert report["to_engine"]["version"] == "0.34.0"
+    document = reports.switch_run_report({"node1": report}, {})
+    assert reports.switch_table(document).splitlines()[2].split()[:6] == ["node1", "vllm", "0.33.0", "vllm", "0.34.0", "switched"]
+    assert "<td>vllm 0.33.0 -&gt; vllm 0.34.0</td>" in html_report.page(document)
+    unknown = reports.switch_host_report(dict(record, from_engine={"engine": "vllm", "version": None, "model": None}))
+    assert reports.engine_label(unknown, "from") == "vllm", "an unread version is left out, not guessed"
+
+
+def test_check_mode_says_which_version_would_be_installed():
+    record = dict(planned_record(), plan=dict(planned_record()["plan"], target_install={"version": "0.34.0", "installed": "0.33.0"}))
+    table = reports.switch_table(reports.switch_run_report({"node2": reports.switch_host_report(record)}, {"check_mode": True}))
+    assert "node2: would install sglang 0.34.0 (now 0.33.0) before the drain" in table
+    fresh = dict(planned_record(), plan=dict(planned_record()["plan"], target_install={"version": "0.34.0", "installed": None}))
+    assert "(now not installed)" in reports.switch_table(reports.switch_run_report({"node2": reports.switch_host_report(fresh)}, {}))
