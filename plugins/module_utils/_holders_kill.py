@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, InvalidInput, Refused
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
     BUILTIN_PROTECTED_NAMES,
     DEFAULT_DEVICE_GLOBS,
@@ -28,6 +29,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
     in_init_pid_namespace,
     plan_kill,
 )
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
@@ -255,3 +257,31 @@ def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:
         return None
     return (f"{len(plan.targets)} processes would be signalled, more than max_targets={request.max_targets}: nothing was signalled. "
             "A plan this large is usually a selection mistake; see `targets` in the result")
+
+
+def kill_holders(request: KillRequest, nvml_client_factory, reader: ProcReader, restart_policy, check_mode: bool,
+                 warn=lambda _message: None, log=lambda _message: None) -> dict:
+    """Observe, plan and (unless check mode) signal the GPU holders under the host lock: gpu_holders_kill's result.
+
+    A refused plan raises Refused and survivors raise CheckFailed, each carrying the whole result.
+    """
+    started = time.monotonic()
+    with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
+        plan = observe(request, nvml_client_factory, reader, restart_policy=restart_policy)
+        result = dict(plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
+        for warning in plan.warnings:
+            warn(warning)
+        refused = refusal(plan, request)
+        if refused:
+            raise Refused(refused, elapsed=time.monotonic() - started, **result)
+        if plan.targets and not check_mode:
+            result.update(apply(plan, request, Signaller(reader)))
+            for sent in result["signals"]:
+                log(f"gpu_holders_kill: {sent['signal']} to pid {sent['pid']} (start time {sent['start_time']}): {sent['result']}")
+    # in check mode the plan is the change; for real, only a signal that reached a process is one
+    changed = bool(plan.targets) if check_mode else any(sent["result"] == "sent" for sent in result["signals"])
+    result.update(changed=changed, elapsed=time.monotonic() - started)
+    if result["survivors"]:
+        pids = ", ".join(f"{s['pid']} ({s['comm']}, state {s.get('state')})" for s in result["survivors"])
+        raise CheckFailed(f"processes still hold the GPUs after SIGKILL and kill_timeout={request.kill_timeout:g}s: {pids}", **result)
+    return result

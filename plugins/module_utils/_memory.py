@@ -8,11 +8,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, Error, InvalidInput, NvmlHung
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient, select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader, describe
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, non_negative_int
@@ -230,3 +231,42 @@ REPORT_KEYS = ("index", "uuid", "name", "bus_id", "minor", "status", "total_mib"
 
 def gpu_report(assessment: Assessment) -> list[dict]:
     return [{key: gpu.get(key) for key in REPORT_KEYS} for gpu in assessment.gpus]
+
+
+def assert_free(request: MemoryRequest, pynvml_loader, clock: Clock | None = None) -> dict:
+    """Poll every selected GPU until it is under the limits or the timeout: gpu_memory_assert's result.
+
+    Not passing raises CheckFailed with the result and who holds each dirty GPU (from /proc); an NVML call that hangs
+    raises NvmlHung with classification nvml_hung.
+    """
+    clock = clock or Clock()
+    started = clock.monotonic()
+    try:
+        # the NVML session stays open while a failure is explained: its worker then holds every device file, and the
+        # /proc scan must leave it (and this process) out - a live worker is what makes that exclusion testable
+        with NvmlClient(pynvml_loader, request.nvml_timeout) as nvml:
+            first = nvml.inventory()
+            selected = check_inventory(request, first)
+            watched = watch(nvml.inventory, request, selected, first, clock)
+            details = None if watched.assessment.passed else explain(request, watched.assessment)
+    except NvmlHung as exc:
+        raise NvmlHung(f"{exc.msg}: classification {NVML_HUNG}", classification=NVML_HUNG, passed=False,
+                       elapsed=clock.monotonic() - started, **exc.context) from None
+    except Error as exc:
+        exc.context = dict({"passed": False, "elapsed": clock.monotonic() - started}, **exc.context)
+        raise
+    assessment = watched.assessment
+    result = dict(changed=False, gpus=gpu_report(assessment), dirty=assessment.dirty, passed=assessment.passed,
+                  attempts=watched.attempts, elapsed=watched.elapsed, driver_version=first["driver_version"])
+    if not assessment.passed:
+        raise CheckFailed(failure_message(assessment, details, request.timeout),
+                          details={str(index): detail for index, detail in details.items()}, **result)
+    return result
+
+
+def explain(request: MemoryRequest, assessment: Assessment) -> dict:
+    """Who holds each dirty GPU, from /proc: never this process or its NVML worker."""
+    reader = ProcReader()
+    exclude = {os.getpid()} | reader.descendants(os.getpid())
+    by_minor, confirmed = holders_by_minor(request.device_paths, reader, exclude)
+    return explain_dirty(assessment, by_minor, confirmed)

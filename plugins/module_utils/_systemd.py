@@ -21,7 +21,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report
@@ -541,3 +542,37 @@ def stop_request(params: dict) -> StopRequest:
         settle=non_negative("settle", params["settle"]),
         stop_triggers=params.get("stop_triggers", False),
     )
+
+
+def stop_unit(request: StopRequest, systemctl: Systemctl, reader: ProcReader, check_mode: bool, warn=lambda _message: None,
+              clock: Clock | None = None) -> dict:
+    """Observe, plan and (unless check mode) stop one unit under its host lock: the result systemd_stop_hard returns.
+
+    A stop that leaves survivors, or errors (a restart, a trigger that stayed up), raises CheckFailed carrying the
+    whole result, so that every caller (the module, the switch's cutover) reports the same keys.
+    """
+    clock = clock or Clock()
+    started = clock.monotonic()
+    with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), longest_run(request)):
+        state = systemctl.show(request.unit)
+        ourselves = {os.getpid()} | {stat.pid for stat in reader.ancestors(os.getpid())}
+        triggers = {name: systemctl.show(name) for name in state.triggered_by} if request.stop_triggers else None
+        plan = plan_stop(request, state, Cgroup.locate(state.control_group, reader), ourselves, triggers)
+        for warning in plan.warnings:
+            warn(warning)
+        outcome = StopOutcome(state_after=state)
+        if plan.changes and not check_mode:
+            outcome = UnitStopper(systemctl, reader, Signaller(reader), clock).run(plan, request)
+    result = dict(
+        changed=plan.changes, unit=request.unit, found=plan.found, state_before=state.summary(),
+        state_after=outcome.state_after.summary(), processes=plan.members, escalated=outcome.escalated,
+        kill_method=outcome.kill_method, terminated=outcome.terminated, killed=outcome.killed, survivors=outcome.survivors,
+        disabled=plan.disable and not check_mode, elapsed=clock.monotonic() - started,
+        triggers_stopped=plan.triggers if check_mode else outcome.triggers_stopped,
+    )
+    if outcome.survivors:
+        listed = ", ".join(f"{s['pid']} ({s.get('comm')}, state {s.get('state')})" for s in outcome.survivors)
+        raise CheckFailed(f"{request.unit}: processes survived SIGKILL and kill_timeout={request.kill_timeout:g}s: {listed}", **result)
+    if outcome.errors:
+        raise CheckFailed("; ".join(outcome.errors), **result)
+    return result

@@ -324,10 +324,8 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 try:
@@ -380,26 +378,10 @@ def main() -> None:
         if request.needs_nvml and pynvml is None:
             module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to query NVML (or set sources: [proc] without gpus)"),
                              exception=PYNVML_IMPORT_ERROR)
-        with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
-            plan = holders_kill.observe(request, nvml_client, reader, restart_policy=restart_policy(module))
-            result = dict(holders_kill.plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
-            for warning in plan.warnings:
-                module.warn(warning)
-            refusal = holders_kill.refusal(plan, request)
-            if refusal:
-                module.fail_json(msg=refusal, elapsed=time.monotonic() - started, **result)
-            if plan.targets and not module.check_mode:
-                result.update(holders_kill.apply(plan, request, Signaller(reader)))
-                for sent in result["signals"]:
-                    module.log(f"gpu_holders_kill: {sent['signal']} to pid {sent['pid']} (start time {sent['start_time']}): {sent['result']}")
+        result = holders_kill.kill_holders(request, nvml_client, reader, restart_policy(module), module.check_mode,
+                                           module.warn, module.log)
     except Error as exc:
-        module.fail_json(msg=exc.msg, elapsed=time.monotonic() - started, **exc.context)
-    # in check mode the plan is the change; for real, only a signal that reached a process is one
-    changed = bool(plan.targets) if module.check_mode else any(sent["result"] == "sent" for sent in result["signals"])
-    result.update(changed=changed, elapsed=time.monotonic() - started)
-    if result["survivors"]:
-        pids = ", ".join(f"{s['pid']} ({s['comm']}, state {s.get('state')})" for s in result["survivors"])
-        module.fail_json(msg=f"processes still hold the GPUs after SIGKILL and kill_timeout={request.kill_timeout:g}s: {pids}", **result)
+        module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
     module.exit_json(**result)
 
 

@@ -187,16 +187,13 @@ details:
   type: dict
 """
 
-import os
 import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, NvmlHung
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
 try:
     import pynvml
@@ -225,34 +222,10 @@ def main() -> None:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     started = time.monotonic()
     try:
-        request = memory.MemoryRequest.from_params(module.params)
-        # the NVML session stays open while a failure is explained: its worker then holds every device file, and the
-        # /proc scan must leave it (and this process) out - a live worker is what makes that exclusion testable
-        with NvmlClient(lambda: pynvml, request.nvml_timeout) as nvml:
-            first = nvml.inventory()
-            selected = memory.check_inventory(request, first)
-            watched = memory.watch(nvml.inventory, request, selected, first)
-            details = None if watched.assessment.passed else explain(request, watched.assessment)
-    except NvmlHung as exc:
-        module.fail_json(msg=f"{exc.msg}: classification {memory.NVML_HUNG}", classification=memory.NVML_HUNG,
-                         passed=False, elapsed=time.monotonic() - started, **exc.context)
+        result = memory.assert_free(memory.MemoryRequest.from_params(module.params), lambda: pynvml)
     except Error as exc:
-        module.fail_json(msg=exc.msg, passed=False, elapsed=time.monotonic() - started, **exc.context)
-    assessment = watched.assessment
-    result = dict(changed=False, gpus=memory.gpu_report(assessment), dirty=assessment.dirty, passed=assessment.passed,
-                  attempts=watched.attempts, elapsed=watched.elapsed, driver_version=first["driver_version"])
-    if assessment.passed:
-        module.exit_json(**result)
-    module.fail_json(msg=memory.failure_message(assessment, details, request.timeout),
-                     details={str(index): detail for index, detail in details.items()}, **result)
-
-
-def explain(request: memory.MemoryRequest, assessment: memory.Assessment) -> dict:
-    """Who holds each dirty GPU, from /proc: never this module or its NVML worker."""
-    reader = ProcReader()
-    exclude = {os.getpid()} | reader.descendants(os.getpid())
-    by_minor, confirmed = memory.holders_by_minor(request.device_paths, reader, exclude)
-    return memory.explain_dirty(assessment, by_minor, confirmed)
+        module.fail_json(msg=exc.msg, **dict({"passed": False, "elapsed": time.monotonic() - started}, **exc.context))
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -180,16 +180,13 @@ elapsed:
   type: float
 """
 
-import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -206,34 +203,12 @@ ARGUMENT_SPEC = dict(
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     started = time.monotonic()
-    reader = ProcReader()
     try:
         request = systemd.stop_request(module.params)
         systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
-        with host_lock(lock_path(f"systemd_stop_hard.{request.unit}"), systemd.longest_run(request)):
-            state = systemctl.show(request.unit)
-            ourselves = {os.getpid()} | {stat.pid for stat in reader.ancestors(os.getpid())}
-            triggers = {name: systemctl.show(name) for name in state.triggered_by} if request.stop_triggers else None
-            plan = systemd.plan_stop(request, state, systemd.Cgroup.locate(state.control_group, reader), ourselves, triggers)
-            for warning in plan.warnings:
-                module.warn(warning)
-            outcome = systemd.StopOutcome(state_after=state)
-            if plan.changes and not module.check_mode:
-                outcome = systemd.UnitStopper(systemctl, reader, Signaller(reader)).run(plan, request)
+        result = systemd.stop_unit(request, systemctl, ProcReader(), module.check_mode, module.warn)
     except Error as exc:
-        module.fail_json(msg=exc.msg, elapsed=time.monotonic() - started, **exc.context)
-    result = dict(
-        changed=plan.changes, unit=request.unit, found=plan.found, state_before=state.summary(),
-        state_after=outcome.state_after.summary(), processes=plan.members, escalated=outcome.escalated,
-        kill_method=outcome.kill_method, terminated=outcome.terminated, killed=outcome.killed, survivors=outcome.survivors,
-        disabled=plan.disable and not module.check_mode, elapsed=time.monotonic() - started,
-        triggers_stopped=plan.triggers if module.check_mode else outcome.triggers_stopped,
-    )
-    if outcome.survivors:
-        listed = ", ".join(f"{s['pid']} ({s.get('comm')}, state {s.get('state')})" for s in outcome.survivors)
-        module.fail_json(msg=f"{request.unit}: processes survived SIGKILL and kill_timeout={request.kill_timeout:g}s: {listed}", **result)
-    if outcome.errors:
-        module.fail_json(msg="; ".join(outcome.errors), **result)
+        module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
     module.exit_json(**result)
 
 
