@@ -51,11 +51,14 @@ class Acquired:
     holder: dict
     recovered: dict | None
     abandoned: bool = False  # the wait ended because its requester was gone (nothing taken for it)
+    working: str | None = None  # the pid of the previous holder's work (a cutover) still running when the wait ended
 
 
 class LeaseStore:
     def __init__(self, name: str, directory: str = LOCK_DIRECTORY, clock=boot_clock, sleep=time.sleep):
         self.path = os.path.join(directory, f"gpufleet-serving.{name}.lease")
+        # held by the work done under the lease (engine_cutover) for as long as it runs: the kernel drops it with its holder
+        self.work_path = os.path.join(directory, f"gpufleet-serving.{name}.work.lock")
         self.clock = clock
         self.sleep = sleep
 
@@ -78,6 +81,20 @@ class LeaseStore:
             json.dump(record, handle)
         os.replace(partial, self.path)
 
+    def work_holder(self) -> str | None:
+        """The pid holding the work lock, or None when no work runs under this lease."""
+        try:
+            fd = os.open(self.work_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)  # closing drops our shared lock at once
+        return None
+
     def _view(self, record: dict) -> dict:
         now = self.clock()
         return {"owner": record["owner"], "age": now - record["acquired"], "expires_in": record["expires"] - now}
@@ -91,13 +108,16 @@ class LeaseStore:
         (only that exact owner: a lease that changed hands meanwhile is waited for like any other).
         ``still_wanted`` is asked before each retry: a wait whose requester is gone ends without taking the lease."""
         deadline = time.monotonic() + wait_timeout
+        working = None
         while True:
             fd = self._locked()
             try:
                 current = self._read()
                 broken = bool(current and break_owner and current["owner"] == break_owner and break_owner != owner)
                 free = current is None or current["owner"] == owner or self._expired(current) or broken
-                if free:
+                # a lease changing hands waits for the work its last holder left running (an interrupted run's cutover)
+                working = self.work_holder() if free and current and current["owner"] != owner else None
+                if free and not working:
                     recovered = current if current and current["owner"] != owner else None
                     now = self.clock()
                     record = {"owner": owner, "acquired": current["acquired"] if current and not recovered else now,
@@ -109,7 +129,7 @@ class LeaseStore:
             finally:
                 os.close(fd)
             if time.monotonic() >= deadline:
-                return Acquired(False, self._view(current), None)
+                return Acquired(False, self._view(current), None, working=working)
             if not still_wanted():
                 return Acquired(False, self._view(current), None, abandoned=True)
             self.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
@@ -159,6 +179,10 @@ def take(request: LeaseRequest, store: LeaseStore, dry_run: bool, still_wanted, 
     if outcome.abandoned:
         raise RequesterGone(f"{request.name}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for the "
                             "lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder, recovered=None, waited=waited)
+    if outcome.working:
+        raise LockTimeout(f"{request.name}: the work of {outcome.holder['owner']} still runs on this node (pid {outcome.working}: "
+                          f"a switch whose controller was interrupted finishes its cutover); waited {waited:.0f}s",
+                          holder=outcome.holder, recovered=None, waited=waited, working=outcome.working)
     if outcome.holder["owner"] != request.owner:
         raise LockTimeout(f"{request.name} is held by {outcome.holder['owner']} (taken {outcome.holder['age']:.0f}s ago, expires in "
                           f"{outcome.holder['expires_in']:.0f}s); waited {waited:.0f}s", holder=outcome.holder, recovered=None, waited=waited)

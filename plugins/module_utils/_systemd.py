@@ -175,6 +175,25 @@ class Systemctl:
     def disable(self, unit: str) -> None:
         self._run("disable", "--", unit)
 
+    def start(self, unit: str) -> None:
+        # blocks only until the main process is exec'd (Type=exec): an engine's readiness is waited for by its caller
+        self._run("start", "--", unit)
+
+    def reset_failed(self, units: list[str]) -> None:
+        self._run("reset-failed", "--", *units)
+
+    def daemon_reload(self) -> None:
+        self._run("daemon-reload")
+
+    def unit_state(self, unit: str) -> str:
+        """ActiveState, or auto-restart when the engine exited and systemd waits to start it again (Restart=);
+        'unknown' when systemctl cannot say."""
+        try:
+            state = self.show(unit)
+        except CommandFailed:
+            return "unknown"
+        return "auto-restart" if state.properties.get("SubState") == "auto-restart" else state.active_state or "unknown"
+
 
 class Cgroup:
     """A unit's control group on whichever hierarchy this host mounts (v2, hybrid or v1)."""

@@ -155,17 +155,8 @@ ARGUMENT_SPEC = dict(
 
 
 def unit_state_reader(module: AnsibleModule):
-    """The unit's state through the collection's one systemctl seam: its ActiveState, or auto-restart when the engine
-    exited and systemd waits to start it again (Restart=); 'unknown' when systemctl cannot say."""
-    systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
-
-    def unit_state(unit: str) -> str:
-        try:
-            state = systemctl.show(unit)
-        except CommandFailed:
-            return "unknown"
-        return "auto-restart" if state.properties.get("SubState") == "auto-restart" else state.active_state or "unknown"
-    return unit_state
+    """The unit's state through the collection's one systemctl seam (Systemctl.unit_state)."""
+    return Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)).unit_state
 
 
 def unit_properties_reader(module: AnsibleModule):

@@ -23,7 +23,9 @@ from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
 PHASES = {
     "preflight": ("#9aa5b1", "preflight"),
     "prewarm": ("#c3cad3", "prewarm"),
+    "stage": ("#d5dbe1", "stage"),
     "leave_rotation": ("#f0b429", "leave rotation"),
+    "cutover": ("#4f4f4f", "cutover start"),
     "drain": ("#2f80ed", "drain"),
     "teardown": ("#eb5757", "teardown"),
     "bring_up": ("#27ae60", "bring-up"),

@@ -22,10 +22,10 @@ SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILE
 SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
 # the phases of a switch, in order; a host's durations are keyed by them (plan: check mode only)
-PHASES = ("lease", "discover", "preflight", "prewarm", "backup", "plan", "leave_rotation", "drain", "teardown", "bring_up", "verify",
-          "rollback", "join_rotation", "soak", "boot")
+PHASES = ("lease", "discover", "preflight", "prewarm", "backup", "stage", "plan", "leave_rotation", "cutover", "drain", "teardown",
+          "bring_up", "verify", "rollback", "join_rotation", "soak", "boot")
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
-DOWNTIME_PARTS = ("leave_rotation", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
+DOWNTIME_PARTS = ("leave_rotation", "cutover", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
 # gpu_cleanup results, per host
 TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
 # gpu_teardown's steps, in order, as its record names them
@@ -213,6 +213,9 @@ def switch_host_report(record: dict) -> dict:
     lease = record.get("lease") or {}
     durations = _durations(marks)
     out = _out_of_rotation(marks, result)
+    downtime = round(out[1] - out[0], 2) if out and out[1] is not None else None
+    engine_start = record.get("engine_start_s")
+    engine_start = None if engine_start in (None, "") else round(float(engine_start), 2)
     plan = _plan(record.get("plan"), record.get("teardown"))
     return {
         "result": result,
@@ -232,8 +235,11 @@ def switch_host_report(record: dict) -> dict:
         "durations_s": durations,
         "phases": _phases(marks),
         "out_of_rotation": out,
-        "downtime_s": round(out[1] - out[0], 2) if out and out[1] is not None else None,
+        "downtime_s": downtime,
         "downtime_parts_s": {part: durations[part] for part in DOWNTIME_PARTS if part in durations} if out else {},
+        # the downtime split: the target's unit start to its first good readiness answer, and everything else (ours)
+        "engine_start_s": engine_start,
+        "overhead_s": round(downtime - engine_start, 2) if downtime is not None and engine_start is not None and result == SWITCHED else None,
         "preflight": _preflight(record.get("preflight")),
         "prewarm": _prewarm(record.get("prewarm")),
         "plan": plan,
@@ -252,7 +258,8 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "engines_found": [], "engines_serving": None if serving is None else list(serving),
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
-            "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "preflight": [], "prewarm": None, "plan": None,
+            "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
+            "preflight": [], "prewarm": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
 
 
@@ -417,6 +424,7 @@ def switch_table(document: dict) -> str:
     for host, report in sorted((document.get("hosts") or {}).items()):
         durations = report.get("durations_s") or {}
         rows.append([host, engine_label(report, "from"), engine_label(report, "to"), report.get("result"), _seconds(report.get("downtime_s")),
+                     _seconds(report.get("engine_start_s")),
                      _seconds(durations.get("drain")), _seconds(durations.get("teardown")), _seconds(durations.get("bring_up")),
                      _seconds(durations.get("verify")), _seconds(durations.get("total")), len(report.get("killed") or [])])
         if len(report.get("engines_found") or []) > 1:
@@ -458,7 +466,7 @@ def switch_table(document: dict) -> str:
             details.append(f"{host}: prewarm skipped: {prewarm['skipped_reason']}")
         for process in report.get("killed") or []:
             details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
-    headers = ["host", "from", "to", "result", "downtime s", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
+    headers = ["host", "from", "to", "result", "downtime s", "engine start s", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
     fleet = document.get("fleet")
     summary = []
     if fleet and fleet.get("nodes"):

@@ -175,3 +175,32 @@ def test_engine_ready_rejects_bad_timeouts_and_reports_an_engine_that_is_down():
     assert not down.failed and down["ready"] is False and down["waiting_for"].startswith("/health: no connection")
     drained = run_module("engine_drain", {"engine": "sglang", "url": "http://127.0.0.1:9", "timeout": 1})
     assert drained["drained"] is True and drained["answering"] is False
+
+
+def test_a_lease_changing_hands_waits_for_the_work_its_last_holder_left_running(store, tmp_path):
+    """E11: an interrupted controller's cutover goes on on the node; the next run takes the lease only once it ended,
+    and names it while it runs. The work lock is a real flock held by another open file, as engine_cutover holds it."""
+    import fcntl
+    import os
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import LockTimeout
+    from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseRequest, take
+
+    leases, _clock = store
+    leases.acquire("interrupted-run", 600, 0)
+    work = os.open(leases.work_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(work, fcntl.LOCK_EX)
+    os.pwrite(work, b"4242\n", 0)
+    try:
+        assert leases.work_holder() == "4242"
+        blocked = leases.acquire("next-run", 60, 0, break_owner="interrupted-run")
+        assert not blocked.taken and blocked.working == "4242" and blocked.holder["owner"] == "interrupted-run"
+        request = LeaseRequest("switch_engine", "next-run", "acquired", 60, 0, "interrupted-run")
+        with pytest.raises(LockTimeout, match=r"work of interrupted-run still runs on this node \(pid 4242"):
+            take(request, leases, False, still_wanted=lambda: True)
+        assert not leases.acquire("interrupted-run", 600, 0).working, "its own renewal is never held up by its own work"
+    finally:
+        os.close(work)  # the cutover ended (or died): the kernel dropped its lock
+    assert leases.work_holder() is None
+    taken = leases.acquire("next-run", 60, 0, break_owner="interrupted-run")
+    assert taken.taken and taken.recovered == {"owner": "interrupted-run", "broken": True}

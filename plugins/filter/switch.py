@@ -1,0 +1,27 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Filters of the switch_engine role around engine_cutover (plugins/plugin_utils/_switch.py)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
+
+
+def _wrapped(function):
+    def filter_function(*args):
+        try:
+            return function(*args)
+        except _switch.SwitchError as error:
+            raise AnsibleFilterError(str(error)) from None
+    filter_function.__doc__ = function.__doc__
+    return filter_function
+
+
+class FilterModule:
+    def filters(self):
+        return {"cutover_engine": _wrapped(_switch.cutover_engine), "cutover_bound": _wrapped(_switch.cutover_bound),
+                "cutover_record": _wrapped(_switch.cutover_record)}

@@ -1,0 +1,222 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""The switch's node-local critical path as one step: drain, stop every engine unit hard, kill what still holds the
+GPUs, assert every GPU free, start the target and wait until it serves - or, when the target does not come up, tear it
+down and start the previous engine again.
+
+Everything with a side effect goes through one seam, NodeOps, which the module builds from the other module_utils
+(_systemd, _holders_kill, _memory, _readiness) and tests replace. Phase times are the node's monotonic clock, turned into
+unix seconds once (the controller's marks are unix seconds too), so the report's phases are measured where they happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
+
+# the teardown's steps, named as gpu_teardown's record names them (gpufleet.serving.teardown_host_report reads both)
+TEARDOWN_STEPS = ("before", "units", "holders", "after")
+
+
+class NotServing(Error):
+    """The target (or, in the rollback, the previous engine) did not serve within its bound."""
+
+
+class TeardownFailed(Error):
+    """A teardown step failed; ``steps`` holds what each step returned up to the failure."""
+
+
+@dataclass
+class Engine:
+    """An engine as the cutover starts, probes or drains it."""
+    engine: str
+    unit: str
+    url: str
+    model: str
+    api_key: str | None = None
+    ready_timeout: float = 600.0
+
+    @classmethod
+    def from_params(cls, name: str, params: dict | None) -> Engine | None:
+        if not params:
+            return None
+        missing = [key for key in ("engine", "unit", "url", "model") if not params.get(key)]
+        if missing:
+            raise InvalidInput(f"{name}: missing {', '.join(missing)}")
+        if params["engine"] not in ("vllm", "sglang"):
+            raise InvalidInput(f"{name}.engine: {params['engine']!r} is not vllm or sglang")
+        return cls(engine=params["engine"], unit=params["unit"], url=params["url"], model=params["model"], api_key=params.get("api_key") or None,
+                   ready_timeout=non_negative(f"{name}.ready_timeout", float(params.get("ready_timeout") or 600), minimum_exclusive=True))
+
+
+@dataclass
+class CutoverRequest:
+    units: list[str]  # every engine unit of the node: all stopped hard, whichever was running
+    target: Engine
+    previous: Engine | None  # None: no engine served before, nothing to drain or roll back to
+    drain_timeout: float = 120.0
+    stop_grace: float = 10.0  # an engine the drain found idle
+    stop_timeout: float = 90.0  # an engine still busy, or one that did not answer
+    restore: list[dict] = field(default_factory=list)  # [{src, dest}]: the previous engine's files, put back for the rollback
+
+    def __post_init__(self) -> None:
+        if not self.units:
+            raise InvalidInput("units: give every engine unit of the node (the target's among them)")
+        if self.target.unit not in self.units:
+            raise InvalidInput(f"units: {', '.join(self.units)} does not include the target's unit {self.target.unit}")
+        for name in ("drain_timeout", "stop_grace", "stop_timeout"):
+            non_negative(name, getattr(self, name))
+
+    @property
+    def longest_run(self) -> float:
+        """An upper bound of the cutover's own waits (the switch's lease renewal covers it)."""
+        previous_start = self.previous.ready_timeout if self.previous else 0.0
+        return self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + previous_start
+
+
+class NodeOps:
+    """The seam: every side effect of the cutover. The module implements it; tests replace it."""
+
+    def drain(self, engine: Engine, timeout: float) -> dict:
+        raise NotImplementedError
+
+    def stop_units(self, units: list[str], stop_timeout: float) -> dict:
+        """systemd_stop_hard per unit, as a looped task registers it: {results: [...]}; raises TeardownFailed."""
+        raise NotImplementedError
+
+    def kill_holders(self, units: list[str]) -> dict:
+        raise NotImplementedError
+
+    def memory(self, wait: bool) -> dict:
+        """gpu_memory_assert: one reading (wait false), or polled to its deadline; raises when a GPU is not free."""
+        raise NotImplementedError
+
+    def reset_failed(self, units: list[str]) -> None:
+        raise NotImplementedError
+
+    def restore(self, files: list[dict]) -> None:
+        raise NotImplementedError
+
+    def start(self, unit: str) -> None:
+        raise NotImplementedError
+
+    def wait_ready(self, engine: Engine, timeout: float) -> dict:
+        """The engine serves (health, model, a one-token completion) within timeout; raises NotServing otherwise."""
+        raise NotImplementedError
+
+
+class Phases:
+    """[[phase, unix seconds], ...] from the node's monotonic clock, anchored once to its wall clock."""
+
+    def __init__(self, clock: Clock, wall_now: float):
+        self.clock = clock
+        self.origin = clock.monotonic()
+        self.wall_origin = wall_now
+        self.marks: list[list] = []
+
+    def now(self) -> float:
+        return round(self.wall_origin + self.clock.monotonic() - self.origin, 3)
+
+    def enter(self, phase: str) -> None:
+        self.marks.append([phase, self.now()])
+
+    @property
+    def current(self) -> str | None:
+        return self.marks[-1][0] if self.marks else None
+
+
+def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float) -> dict:
+    """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps.
+
+    Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
+    """
+    steps: dict = {"check_mode": False}
+    step = "before"
+    try:
+        steps["before"] = ops.memory(wait=False)
+        step = "units"
+        steps["units"] = ops.stop_units(request.units, stop_timeout)
+        step = "holders"
+        steps["holders"] = ops.kill_holders(request.units)
+        step = "after"
+        steps["after"] = ops.memory(wait=True)
+    except Error as exc:
+        if step == "units" and isinstance(exc, TeardownFailed):
+            steps["units"] = exc.context.get("units") or {}
+        elif step != "units":
+            steps[step] = dict(exc.context, failed=True, msg=exc.msg)
+        steps.update(failed_step=step, failure=dict(exc.context, failed=True, msg=exc.msg))
+        raise TeardownFailed(f"{step}: {exc.msg}", steps=steps) from None
+    failed = [unit["unit"] for unit in steps["units"].get("results") or [] if (unit.get("state_after") or {}).get("ActiveState") == "failed"]
+    if failed:
+        # a switch is not an engine failure (monitoring alerts on failed units); the report keeps what was killed
+        ops.reset_failed(failed)
+    return steps
+
+
+def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float) -> dict:
+    """Drain, tear down, bring up; on a failure after the drain began, roll back. The result always returns (a
+    failure is its ``result``), so that the controller records every phase whatever happened."""
+    phases = Phases(clock, wall_now)
+    result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
+                    "rollback_teardown": None, "engine_start_s": None, "ready": None}
+    try:
+        stop_timeout = request.stop_timeout
+        if request.previous:
+            phases.enter("drain")
+            result["drain"] = ops.drain(request.previous, request.drain_timeout)
+            if result["drain"].get("answering") and result["drain"].get("drained"):
+                stop_timeout = request.stop_grace  # idle: a short grace on SIGTERM
+        else:
+            stop_timeout = request.stop_grace  # nothing served: whatever is left gets the short grace
+        phases.enter("teardown")
+        try:
+            result["teardown"] = teardown(request, ops, stop_timeout)
+        except TeardownFailed as exc:
+            result["teardown"] = exc.context["steps"]
+            raise
+        phases.enter("bring_up")
+        started = clock.monotonic()
+        ops.start(request.target.unit)
+        result["ready"] = ops.wait_ready(request.target, request.target.ready_timeout)
+        result["engine_start_s"] = round(clock.monotonic() - started, 3)
+    except Error as exc:
+        result.update(result="rolled_back", reason=f"{phases.current}: {exc.msg}")
+        phases.enter("rollback")
+        try:
+            result["rollback_teardown"] = rollback(request, ops)
+        except Error as rollback_exc:
+            result["rollback_error"] = rollback_exc.msg
+            result["result"] = "rollback_failed"
+            if isinstance(rollback_exc, TeardownFailed):
+                result["rollback_teardown"] = rollback_exc.context["steps"]
+    phases.enter("end")
+    result["marks"] = phases.marks
+    return result
+
+
+def rollback(request: CutoverRequest, ops: NodeOps) -> dict:
+    """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back, start
+    it and wait until it serves; raises what failed. Returns the rollback teardown's steps."""
+    steps = teardown(request, ops, request.stop_grace)
+    if request.restore:
+        ops.restore(request.restore)
+    ops.reset_failed([request.target.unit])
+    if request.previous:
+        ops.start(request.previous.unit)
+        ops.wait_ready(request.previous, request.previous.ready_timeout)
+    return steps
+
+
+def not_serving_message(engine: Engine, waited: float, unit_state: str | None, detail: str) -> str:
+    """What the switch says of an engine that did not come up - the engine_common role's words."""
+    if unit_state in ("failed", "inactive", "auto-restart"):
+        return f"{engine.unit} stopped {waited:.1f} s after its start, before it served: {detail}"
+    return f"{engine.unit} did not serve within {waited:.1f} s (ready_timeout {engine.ready_timeout:g} s): {detail}"

@@ -1,0 +1,368 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_cutover
+short_description: Switch a node from one inference engine to another in one step - drain, teardown, bring-up, or roll back
+version_added: 0.5.0
+description:
+  - The node-local critical path of C(playbooks/switch_engine.yml), run as one module execution so that the node is out
+    of service for the engine's own start plus well under a second of ours.
+  - Drains the previous engine (its running and queued requests to 0, or O(drain_timeout)); stops every unit of O(units)
+    as M(gpufleet.serving.systemd_stop_hard) does (an idle engine gets O(stop_grace) on SIGTERM, a busy one
+    O(stop_timeout), then SIGKILL of its control group); kills what still holds the GPUs as
+    M(gpufleet.serving.gpu_holders_kill) does; asserts every GPU free as M(gpufleet.serving.gpu_memory_assert) does;
+    starts the target's unit and waits until it serves as M(gpufleet.serving.engine_ready) does (health, the model
+    listed, a one-token completion).
+  - When a step after the drain fails - the teardown, the target's start or its readiness - the target is torn down,
+    the files in O(restore) are put back, and the previous engine is started and awaited again. The task then
+    succeeds with RV(result=rolled_back), or RV(result=rollback_failed) and RV(rollback_error) when that failed too; the
+    caller decides what a rollback means for its run.
+  - Phase times are measured on the node (monotonic clock) and returned as RV(marks).
+  - Holds a host lock named after O(lock_name) for its whole run, so that a run whose controller was interrupted is
+    waited for (M(gpufleet.serving.host_lease) waits for it before a lease changes hands) instead of raced.
+author:
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.serving.attributes
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports the units it would stop and the unit it would start; changes nothing.
+options:
+  units:
+    description: Every engine unit of the node (the target's among them); all are stopped, whichever was running.
+    type: list
+    elements: str
+    required: true
+  target:
+    description: The engine to start - C(engine) (V(vllm) or V(sglang)), C(unit), C(url), C(model) (the served model name),
+      C(api_key), C(ready_timeout) (seconds until it must serve).
+    type: dict
+    required: true
+  previous:
+    description: The engine serving now, with the same keys as O(target); drained first and started again by a rollback.
+      Unset when no engine serves.
+    type: dict
+  restore:
+    description: Files the rollback copies back before it starts the previous engine (C(src), C(dest)), followed by a
+      C(daemon-reload) - the previous configuration of an engine the switch rewrote.
+    type: list
+    elements: dict
+    default: []
+  drain_timeout:
+    description: Seconds to wait for the previous engine's running requests to finish.
+    type: float
+    default: 120
+  stop_grace:
+    description: Seconds on SIGTERM for an engine the drain found idle (and for a failed target in the rollback).
+    type: float
+    default: 5
+  stop_timeout:
+    description: Seconds on SIGTERM for an engine still busy at the end of the drain, or one that did not answer it.
+    type: float
+    default: 90
+  kill_timeout:
+    description: Seconds to wait after SIGKILL, for a unit's control group and for the GPU holders.
+    type: float
+    default: 30
+  term_timeout:
+    description: Seconds GPU holders outside the units get on SIGTERM before SIGKILL.
+    type: float
+    default: 30
+  gpus:
+    description: GPUs to free and check (NVML indexes or UUIDs); default all.
+    type: list
+    elements: str
+    default: []
+  device_paths:
+    description: Globs of the device files whose holders are looked for.
+    type: list
+    elements: str
+    default: ['/dev/nvidia*', '/dev/nvidia-caps/*']
+  protected:
+    description: Process names never signalled, added to M(gpufleet.serving.gpu_holders_kill)'s built-in set.
+    type: list
+    elements: str
+    default: []
+  max_targets:
+    description: Upper bound on the GPU holders signalled; above it nothing is signalled and the step fails.
+    type: int
+    default: 64
+  outside_units:
+    description: What to do with GPU holders outside O(units) - as M(gpufleet.serving.gpu_holders_kill)'s option.
+    type: str
+    choices: [kill, report, fail]
+    default: kill
+  max_used_mib:
+    description: Used MiB per GPU under which it counts as free.
+    type: int
+    default: 512
+  memory_timeout:
+    description: Seconds to wait for every GPU to be free once the holders are gone.
+    type: float
+    default: 60
+  expected_gpu_count:
+    description: Fail the teardown when NVML does not see exactly this many GPUs.
+    type: int
+  settle:
+    description: Seconds to wait after a unit is down before checking that nothing started it again.
+    type: float
+    default: 0.25
+  interval:
+    description: Seconds between two readiness probes of the engine being started.
+    type: float
+    default: 0.25
+  lock_name:
+    description: The lease this cutover works under (M(gpufleet.serving.host_lease)'s O(gpufleet.serving.host_lease#module:name)).
+    type: str
+    default: switch_engine
+requirements:
+  - systemd
+  - nvidia-ml-py on the managed node
+notes:
+  - The task runs until the target serves or its C(ready_timeout) passes, and then as long as the rollback's start of
+    the previous engine - the caller's lease must cover that (RV(longest_run) says how long it may be).
+seealso:
+  - module: gpufleet.serving.systemd_stop_hard
+  - module: gpufleet.serving.gpu_holders_kill
+  - module: gpufleet.serving.gpu_memory_assert
+  - module: gpufleet.serving.engine_ready
+  - module: gpufleet.serving.engine_drain
+"""
+
+EXAMPLES = r"""
+---
+- name: Switch this node from vLLM to SGLang, rolling back to vLLM when SGLang does not serve within 10 minutes
+  gpufleet.serving.engine_cutover:
+    units: [vllm.service, sglang.service]
+    target: {engine: sglang, unit: sglang.service, url: "http://127.0.0.1:30000", model: llama70b, ready_timeout: 600}
+    previous: {engine: vllm, unit: vllm.service, url: "http://127.0.0.1:8000", model: llama70b, ready_timeout: 600}
+  register: cutover
+  become: true
+"""
+
+RETURN = r"""
+result:
+  description: V(switched), V(rolled_back) (the target did not come up; the previous engine serves again) or
+    V(rollback_failed) (no engine serves).
+  returned: always
+  type: str
+reason:
+  description: Why the target did not come up, prefixed with the phase it failed in.
+  returned: always
+  type: str
+rollback_error:
+  description: Why the rollback failed.
+  returned: always
+  type: str
+marks:
+  description: The phases as they began on the node - C([[phase, unix seconds], ...]), ending with C(end).
+  returned: always
+  type: list
+  elements: list
+  sample: [[drain, 1764673200.101], [teardown, 1764673200.152], [bring_up, 1764673200.591], [end, 1764673202.92]]
+engine_start_s:
+  description: Seconds from the target's unit start to its first good readiness answer (null when it did not serve).
+  returned: always
+  type: float
+drain:
+  description: The drain's result (drained, running, answering, elapsed), null when no engine served.
+  returned: always
+  type: dict
+teardown:
+  description: The teardown's steps - C(before), C(units) (C(results), one per unit), C(holders), C(after) - as
+    M(gpufleet.serving.systemd_stop_hard), M(gpufleet.serving.gpu_holders_kill) and M(gpufleet.serving.gpu_memory_assert)
+    return them; C(failed_step) and C(failure) when one failed.
+  returned: always
+  type: dict
+rollback_teardown:
+  description: The rollback's teardown, in the same shape; null when no rollback ran.
+  returned: always
+  type: dict
+ready:
+  description: The target's last readiness answer (checks, elapsed).
+  returned: when the target served
+  type: dict
+longest_run:
+  description: An upper bound of this task's waits, in seconds.
+  returned: always
+  type: float
+"""
+
+import os
+import shutil
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
+try:
+    import pynvml
+except ImportError:
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
+
+ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
+                      url=dict(type="str", required=True), model=dict(type="str", required=True), api_key=dict(type="str", no_log=True),
+                      ready_timeout=dict(type="float", default=600))
+ARGUMENT_SPEC = dict(
+    units=dict(type="list", elements="str", required=True),
+    target=dict(type="dict", required=True, options=ENGINE_OPTIONS),
+    previous=dict(type="dict", options=ENGINE_OPTIONS),
+    restore=dict(type="list", elements="dict", default=[], options=dict(src=dict(type="path", required=True), dest=dict(type="path", required=True))),
+    drain_timeout=dict(type="float", default=120),
+    stop_grace=dict(type="float", default=5),
+    stop_timeout=dict(type="float", default=90),
+    kill_timeout=dict(type="float", default=30),
+    term_timeout=dict(type="float", default=30),
+    gpus=dict(type="list", elements="str", default=[]),
+    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
+    protected=dict(type="list", elements="str", default=[]),
+    max_targets=dict(type="int", default=64),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="kill"),
+    max_used_mib=dict(type="int", default=512),
+    memory_timeout=dict(type="float", default=60),
+    expected_gpu_count=dict(type="int"),
+    settle=dict(type="float", default=0.25),
+    interval=dict(type="float", default=0.25),
+    lock_name=dict(type="str", default="switch_engine"),
+)
+
+
+class Node(cutover.NodeOps):
+    """The cutover's side effects on this node, through the collection's module_utils."""
+
+    def __init__(self, module: AnsibleModule, reader: ProcReader):
+        self.module = module
+        self.params = module.params
+        self.reader = reader
+        self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def drain(self, engine: cutover.Engine, timeout: float) -> dict:
+        request = readiness.DrainRequest(engine=engine.engine, url=engine.url, timeout=timeout, interval=0.25, fail_on_timeout=False)
+        return readiness.wait_drained(request, http.HttpClient(engine.url, timeout=5))
+
+    def stop_units(self, units: list[str], stop_timeout: float) -> dict:
+        results, failures = [], []
+        for unit in units:
+            request = systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
+                                                disable=False, allow_protected=False, settle=self.params["settle"]))
+            try:
+                results.append(systemd.stop_unit(request, self.systemctl, self.reader, False, self.module.warn))
+            except Error as exc:
+                results.append(dict(exc.context, unit=request.unit, failed=True, msg=exc.msg))
+                failures.append(exc.msg)
+        if failures:
+            raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
+        return {"results": results}
+
+    def kill_holders(self, units: list[str]) -> dict:
+        params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
+                      protected_pids=[], term_timeout=self.params["term_timeout"], kill_timeout=self.params["kill_timeout"],
+                      max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
+                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"])
+        request = holders_kill.KillRequest.from_params(params, self.reader)
+        return holders_kill.kill_holders(request, lambda timeout: NvmlClient(lambda: pynvml, timeout), self.reader, self.restart_policy,
+                                         False, self.module.warn, self.module.log)
+
+    def restart_policy(self, unit: str) -> tuple[str, int]:
+        properties = self.systemctl.show(unit).properties
+        return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
+
+    def memory(self, wait: bool) -> dict:
+        request = memory.MemoryRequest.from_params(dict(
+            gpus=self.params["gpus"], expected_count=self.params["expected_gpu_count"], max_used_mib=self.params["max_used_mib"],
+            max_processes=None, timeout=self.params["memory_timeout"] if wait else 0, interval=0.1, nvml_timeout=10, v1_reserve_mib=1024,
+            device_paths=self.params["device_paths"]))
+        if wait:
+            return memory.assert_free(request, lambda: pynvml)
+        try:
+            return memory.assert_free(request, lambda: pynvml)
+        except CheckFailed as exc:  # the reading before the teardown: busy GPUs are expected
+            return dict(exc.context, msg=None)
+
+    def reset_failed(self, units: list[str]) -> None:
+        try:
+            self.systemctl.reset_failed(units)
+        except CommandFailed as exc:  # a unit that is not failed (any more) is no reason to stop
+            self.module.warn(exc.msg)
+
+    def restore(self, files: list[dict]) -> None:
+        for item in files:
+            if os.path.exists(item["src"]):
+                shutil.copy2(item["src"], item["dest"])
+        self.systemctl.daemon_reload()
+
+    def start(self, unit: str) -> None:
+        self.systemctl.start(unit)
+
+    def wait_ready(self, engine: cutover.Engine, timeout: float) -> dict:
+        request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
+                                         timeout=timeout, interval=self.params["interval"], completion=True, min_spec_acceptance=None,
+                                         probe_requests=1)
+        started = time.monotonic()
+        try:
+            report = readiness.wait_ready(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.systemctl.unit_state)
+        except EngineExited as exc:
+            raise cutover.NotServing(cutover.not_serving_message(engine, time.monotonic() - started, exc.context.get("unit_state"), exc.msg),
+                                     **exc.context) from None
+        if not report["ready"]:
+            detail = f"still waiting for {report['waiting_for']}" if report.get("waiting_for") else "readiness"
+            raise cutover.NotServing(cutover.not_serving_message(engine, report["elapsed"], report.get("unit_state"), detail), **report)
+        return report
+
+
+def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
+    """Check mode: which units would be stopped and which started."""
+    active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
+    return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
+                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if pynvml is None:
+        module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
+    try:
+        params = module.params
+        request = cutover.CutoverRequest(
+            units=[systemd.normalize_unit_name(unit) for unit in params["units"]],
+            target=cutover.Engine.from_params("target", dict(params["target"], unit=systemd.normalize_unit_name(params["target"]["unit"]))),
+            previous=cutover.Engine.from_params("previous", params["previous"] and dict(
+                params["previous"], unit=systemd.normalize_unit_name(params["previous"]["unit"]))),
+            drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
+            restore=params["restore"])
+        node = Node(module, ProcReader())
+        if module.check_mode:
+            module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))
+        # held for the whole run: a lease that changes hands waits for it (an interrupted controller's cutover goes on)
+        with host_lock(lock_path(f"{params['lock_name']}.work"), 5):
+            result = cutover.cutover(request, node, Clock(), time.time())
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    module.exit_json(longest_run=request.longest_run, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""The switch_engine role's glue around engine_cutover: what it is given, and what the role records of its result."""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
+
+CUTOVER_RESULTS = ("switched", "rolled_back", "rollback_failed")
+
+
+class SwitchError(ValueError):
+    pass
+
+
+def cutover_engine(facts: dict) -> dict:
+    """An engine's facts (gpufleet.serving.engine_facts) as engine_cutover's target or previous."""
+    missing = [key for key in ("engine", "unit", "url", "served_model_name", "ready_timeout") if facts.get(key) in (None, "")]
+    if missing:
+        raise SwitchError(f"engine facts lack {', '.join(missing)}")
+    return {"engine": facts["engine"], "unit": facts["unit"], "url": facts["url"], "model": facts["served_model_name"],
+            "api_key": facts.get("api_key") or None, "ready_timeout": float(facts["ready_timeout"])}
+
+
+def cutover_bound(target: dict, previous: dict | None, settings: dict) -> float:
+    """Seconds the cutover may run, for the one lease renewal that covers it: the drain, two teardowns (the switch's and
+    a rollback's), the target's start and the previous engine's start again."""
+    teardown = float(settings["stop_timeout"]) + 2 * float(settings["kill_timeout"]) + float(settings["term_timeout"]) + float(settings["memory_timeout"])
+    return round(float(settings["drain_timeout"]) + 2 * teardown + float(target["ready_timeout"])
+                 + (float(previous["ready_timeout"]) if previous else 0.0), 1)
+
+
+def cutover_record(result: dict) -> dict:
+    """What the switch keeps of engine_cutover's result: the node's phase marks (its `end` dropped: the controller's next
+    mark ends the last phase), the teardowns as gpu_teardown records, the outcome, and the engine's own start time."""
+    outcome = result.get("result")
+    if outcome not in CUTOVER_RESULTS:
+        raise SwitchError(f"engine_cutover result {outcome!r} is not one of {', '.join(CUTOVER_RESULTS)}")
+    marks = [list(mark) for mark in result.get("marks") or []]
+    if marks and marks[-1][0] == "end":
+        marks = marks[:-1]
+    record = {"result": outcome}
+    if outcome != "switched":
+        record["reason"] = result.get("reason")
+    if outcome == "rollback_failed":
+        record["rollback_error"] = result.get("rollback_error")
+    return {
+        "marks": marks,
+        "outcome": record,
+        "teardown": teardown_host_report(result["teardown"]) if result.get("teardown") else None,
+        "rollback_teardown": teardown_host_report(result["rollback_teardown"]) if result.get("rollback_teardown") else None,
+        "engine_start_s": result.get("engine_start_s"),
+    }

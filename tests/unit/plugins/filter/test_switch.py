@@ -1,0 +1,53 @@
+"""The switch role's filters around engine_cutover: its inputs from the engines' facts, its lease bound, and what the
+role records of its result (the teardown records the report reads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
+
+FACTS = {"engine": "sglang", "unit": "sglang.service", "url": "http://127.0.0.1:30000", "served_model_name": "m", "ready_timeout": 600,
+         "api_key": ""}
+
+
+def test_an_engines_facts_become_the_cutovers_engine():
+    assert _switch.cutover_engine(FACTS) == {"engine": "sglang", "unit": "sglang.service", "url": "http://127.0.0.1:30000", "model": "m",
+                                             "api_key": None, "ready_timeout": 600.0}
+    with pytest.raises(_switch.SwitchError, match="lack url"):
+        _switch.cutover_engine(dict(FACTS, url=""))
+
+
+def test_the_lease_bound_covers_a_drain_two_teardowns_and_two_starts():
+    settings = {"drain_timeout": 120, "stop_timeout": 90, "kill_timeout": 30, "term_timeout": 30, "memory_timeout": 60}
+    target, previous = {"ready_timeout": 600}, {"ready_timeout": 300}
+    assert _switch.cutover_bound(target, previous, settings) == 120 + 2 * (90 + 60 + 30 + 60) + 600 + 300
+    assert _switch.cutover_bound(target, None, settings) == 120 + 2 * (90 + 60 + 30 + 60) + 600
+
+
+def test_the_record_drops_the_nodes_end_mark_and_keeps_teardowns_as_gpu_teardown_records():
+    result = {"result": "switched", "reason": None, "marks": [["drain", 10.0], ["teardown", 10.2], ["bring_up", 10.6], ["end", 13.0]],
+              "teardown": {"check_mode": False, "units": {"results": [{"unit": "vllm.service", "changed": True,
+                                                                       "state_before": {"ActiveState": "active"}, "state_after": {"ActiveState": "inactive"}}]},
+                           "holders": {"killed": [{"pid": 7, "comm": "python3", "cmdline": ["python3", "-m", "vllm"]}]},
+                           "before": {"gpus": [{"index": 0, "used_mib": 900, "clean": False}]},
+                           "after": {"gpus": [{"index": 0, "used_mib": 0, "clean": True}]}},
+              "rollback_teardown": None, "engine_start_s": 2.4}
+    record = _switch.cutover_record(result)
+    assert record["marks"] == [["drain", 10.0], ["teardown", 10.2], ["bring_up", 10.6]]
+    assert record["outcome"] == {"result": "switched"} and record["engine_start_s"] == 2.4
+    assert record["teardown"]["result"] == "ok" and record["teardown"]["units"][0]["after"] == "inactive"
+    assert record["teardown"]["killed"][0]["cmdline"] == "python3 -m vllm" and record["teardown"]["memory_after"][0]["clean"]
+    assert record["rollback_teardown"] is None
+
+
+def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
+    result = {"result": "rollback_failed", "reason": "teardown: units: survived", "rollback_error": "after: GPU 3 busy", "marks": [],
+              "teardown": {"check_mode": False, "units": {"results": []}, "failed_step": "units", "failure": {"msg": "survived", "failed": True}},
+              "rollback_teardown": {"check_mode": False, "failed_step": "after", "failure": {"msg": "GPU 3 busy", "failed": True}}}
+    record = _switch.cutover_record(result)
+    assert record["outcome"] == {"result": "rollback_failed", "reason": "teardown: units: survived", "rollback_error": "after: GPU 3 busy"}
+    assert record["teardown"]["result"] == "failed" and record["teardown"]["failed_step"] == "units"
+    assert record["rollback_teardown"]["reason"] == "GPU 3 busy"
+    with pytest.raises(_switch.SwitchError, match="'maybe' is not one of"):
+        _switch.cutover_record({"result": "maybe"})

@@ -1,0 +1,189 @@
+"""engine_cutover's orchestration over a recording NodeOps: the order of the steps, the stop bounds, the rollback,
+the phase marks on a driven clock. The real steps are the module_utils the three teardown modules use (tested on real
+processes and systemd elsewhere); this is what the cutover adds."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, InvalidInput
+
+VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
+SGLANG = cutover.Engine("sglang", "sglang.service", "http://127.0.0.1:30000", "m", ready_timeout=30)
+UNITS = ["vllm.service", "sglang.service"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class Node(cutover.NodeOps):
+    """Records each call; each step takes `cost` seconds of the driven clock; `failures` makes a step raise."""
+
+    def __init__(self, clock, failures=None, drained=True, costs=None):
+        self.clock, self.failures, self.drained = clock, dict(failures or {}), drained
+        self.costs = {"drain": 0.2, "stop_units": 0.3, "kill_holders": 0.05, "memory": 0.02, "start": 0.01, "wait_ready": 2.0, **(costs or {})}
+        self.calls = []
+
+    def _step(self, name, *args):
+        self.calls.append((name, *args))
+        self.clock.now += self.costs.get(name, 0.0)
+        failure = self.failures.get((name, *args[:1])) or self.failures.get(name)
+        if failure:
+            raise failure
+
+    def drain(self, engine, timeout):
+        self._step("drain", engine.unit, timeout)
+        return {"drained": self.drained, "answering": True, "running": 0 if self.drained else 3}
+
+    def stop_units(self, units, stop_timeout):
+        self._step("stop_units", tuple(units), stop_timeout)
+        after = {"vllm.service": "failed"}
+        return {"results": [{"unit": unit, "changed": unit in after, "state_after": {"ActiveState": after.get(unit, "inactive")}} for unit in units]}
+
+    def kill_holders(self, units):
+        self._step("kill_holders", tuple(units))
+        return {"killed": [], "terminated": [], "targets": []}
+
+    def memory(self, wait):
+        self._step("memory", wait)
+        return {"gpus": [{"index": 0, "used_mib": 0 if wait else 70000, "clean": wait}], "passed": wait}
+
+    def reset_failed(self, units):
+        self._step("reset_failed", tuple(units))
+
+    def restore(self, files):
+        self._step("restore", tuple(item["dest"] for item in files))
+
+    def start(self, unit):
+        self._step("start", unit)
+
+    def wait_ready(self, engine, timeout):
+        self._step("wait_ready", engine.unit, timeout)
+        return {"ready": True, "elapsed": self.costs["wait_ready"]}
+
+
+def run(node, clock, previous=VLLM, **options):
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=previous, drain_timeout=120, stop_grace=5, stop_timeout=90, **options)
+    return cutover.cutover(request, node, clock, wall_now=1_700_000_000.0)
+
+
+def test_the_switch_runs_drain_teardown_bring_up_in_order_and_measures_the_engine_start():
+    clock = Clock()
+    node = Node(clock)
+    result = run(node, clock)
+    assert [call[0] for call in node.calls] == ["drain", "memory", "stop_units", "kill_holders", "memory", "reset_failed", "start", "wait_ready"]
+    assert node.calls[2] == ("stop_units", tuple(UNITS), 5), "an engine the drain found idle gets the short grace"
+    assert ("reset_failed", ("vllm.service",)) in node.calls, "a unit the stop left failed is cleared (a switch is no engine failure)"
+    assert node.calls[1] == ("memory", False) and node.calls[4] == ("memory", True), "one reading before, the wait after"
+    assert result["result"] == "switched" and result["reason"] is None
+    assert result["engine_start_s"] == pytest.approx(2.01), "from the unit start to the first good readiness answer"
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "end"]
+    starts = dict((phase, at) for phase, at in result["marks"])
+    assert starts["teardown"] - starts["drain"] == pytest.approx(0.2)
+    assert starts["bring_up"] - starts["teardown"] == pytest.approx(0.39)
+    assert starts["drain"] == pytest.approx(1_700_000_000.0), "monotonic times anchored once to the node's wall clock"
+    assert set(result["teardown"]) == {"check_mode", "before", "units", "holders", "after"}
+
+
+def test_a_busy_engine_gets_its_stop_timeout_and_no_previous_engine_means_no_drain():
+    clock = Clock()
+    busy = Node(clock, drained=False)
+    run(busy, clock)
+    assert ("stop_units", tuple(UNITS), 90) in busy.calls, "requests still running at the drain's end: the unit's own stop timeout"
+    fresh = Node(clock)
+    result = run(fresh, clock, previous=None)
+    assert fresh.calls[0][0] == "memory" and not any(call[0] == "drain" for call in fresh.calls)
+    assert [mark[0] for mark in result["marks"]] == ["teardown", "bring_up", "end"]
+    assert ("stop_units", tuple(UNITS), 5) in fresh.calls
+
+
+def test_a_target_that_does_not_serve_is_torn_down_and_the_previous_engine_started_again():
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("sglang.service stopped 2.0 s after its start")})
+    result = run(node, clock, restore=[{"src": "/backup/vllm.service", "dest": "/etc/systemd/system/vllm.service"}])
+    names = [call[0] for call in node.calls]
+    rollback = names[names.index("wait_ready") + 1:]
+    assert rollback == ["memory", "stop_units", "kill_holders", "memory", "reset_failed", "restore", "reset_failed", "start", "wait_ready"]
+    assert ("stop_units", tuple(UNITS), 5) in node.calls[names.index("wait_ready") + 1:], "the failed target serves no one: the grace"
+    assert node.calls[-2:] == [("start", "vllm.service"), ("wait_ready", "vllm.service", 60)]
+    assert result["result"] == "rolled_back" and result["reason"] == "bring_up: sglang.service stopped 2.0 s after its start"
+    assert result["engine_start_s"] is None and result["rollback_teardown"]["after"]["passed"]
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "rollback", "end"]
+
+
+def test_a_failed_teardown_rolls_back_with_its_steps_recorded():
+    clock = Clock()
+    survivors = cutover.TeardownFailed("vllm.service: processes survived SIGKILL", units={"results": [{"unit": "vllm.service", "failed": True}]})
+    node = Node(clock, failures={("stop_units", tuple(UNITS)): None})
+    calls = {"n": 0}
+    original = node.stop_units
+
+    def stop_units(units, stop_timeout):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            node.calls.append(("stop_units", tuple(units), stop_timeout))
+            raise survivors
+        return original(units, stop_timeout)
+
+    node.stop_units = stop_units
+    result = run(node, clock)
+    assert result["result"] == "rolled_back" and result["reason"].startswith("teardown: units: vllm.service: processes survived")
+    assert result["teardown"]["failed_step"] == "units" and result["teardown"]["units"]["results"][0]["failed"]
+    assert not any(call == ("start", "sglang.service") for call in node.calls), "the target is never started on GPUs not freed"
+    assert ("start", "vllm.service") in node.calls
+
+
+def test_a_rollback_that_fails_too_is_reported_loudly_not_raised():
+    clock = Clock()
+    not_free = CheckFailed("GPU 3 still holds 70000 MiB", passed=False)
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("did not serve")})
+    memory = node.memory
+
+    def memory_failing_in_rollback(wait):
+        if wait and any(call[0] == "wait_ready" for call in node.calls):
+            node.calls.append(("memory", wait))
+            raise not_free
+        return memory(wait)
+
+    node.memory = memory_failing_in_rollback
+    result = run(node, clock)
+    assert result["result"] == "rollback_failed" and result["rollback_error"] == "after: GPU 3 still holds 70000 MiB"
+    assert result["rollback_teardown"]["failed_step"] == "after"
+    assert ("start", "vllm.service") not in node.calls, "the previous engine is not started on GPUs that are not free"
+
+
+def test_no_previous_engine_means_the_rollback_only_tears_the_target_down():
+    clock = Clock()
+    node = Node(clock, failures={("start", "sglang.service"): cutover.NotServing("systemctl start failed")})
+    result = run(node, clock, previous=None)
+    assert result["result"] == "rolled_back"
+    assert [call for call in node.calls if call[0] == "start"] == [("start", "sglang.service")]
+
+
+def test_the_request_names_what_is_wrong():
+    with pytest.raises(InvalidInput, match="does not include the target's unit sglang.service"):
+        cutover.CutoverRequest(units=["vllm.service"], target=SGLANG, previous=VLLM)
+    with pytest.raises(InvalidInput, match="units: give every engine unit"):
+        cutover.CutoverRequest(units=[], target=SGLANG, previous=None)
+    with pytest.raises(InvalidInput, match="target: missing url, model"):
+        cutover.Engine.from_params("target", {"engine": "sglang", "unit": "sglang.service"})
+    with pytest.raises(InvalidInput, match="stop_grace"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=None, stop_grace=-1)
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM)
+    assert request.longest_run == 120 + 2 * 90 + 30 + 60
+
+
+def test_messages_say_whether_the_engine_exited_or_was_still_loading():
+    assert cutover.not_serving_message(SGLANG, 3.04, "failed", "the engine exited") == \
+        "sglang.service stopped 3.0 s after its start, before it served: the engine exited"
+    assert cutover.not_serving_message(SGLANG, 30.0, "activating", "still waiting for models") == \
+        "sglang.service did not serve within 30.0 s (ready_timeout 30 s): still waiting for models"
