@@ -119,10 +119,20 @@ options:
     description: Seconds between two readiness probes of the engine being started.
     type: float
     default: 0.25
-  lock_name:
+  lease_name:
     description: The lease this cutover works under (M(gpufleet.serving.host_lease)'s O(gpufleet.serving.host_lease#module:name)).
     type: str
     default: switch_engine
+  lease_owner:
+    description:
+      - The run that holds the lease. The cutover renews it first, for O(lease_seconds), and changes nothing when another
+        owner holds it (RV(result=lease_lost)) - one renewal covering the whole critical path, with no module run of its own.
+      - Unset, no lease is renewed or checked.
+    type: str
+  lease_seconds:
+    description: Seconds the renewal holds the lease - at least the cutover's RV(longest_run) plus the caller's margin.
+    type: float
+    default: 3600
 requirements:
   - systemd
   - nvidia-ml-py on the managed node
@@ -150,8 +160,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 result:
-  description: V(switched), V(rolled_back) (the target did not come up; the previous engine serves again) or
-    V(rollback_failed) (no engine serves).
+  description: V(switched), V(rolled_back) (the target did not come up; the previous engine serves again),
+    V(rollback_failed) (no engine serves) or V(lease_lost) (another run holds the lease; nothing was touched).
   returned: always
   type: str
 reason:
@@ -206,11 +216,12 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -246,7 +257,9 @@ ARGUMENT_SPEC = dict(
     expected_gpu_count=dict(type="int"),
     settle=dict(type="float", default=0.25),
     interval=dict(type="float", default=0.25),
-    lock_name=dict(type="str", default="switch_engine"),
+    lease_name=dict(type="str", default="switch_engine"),
+    lease_owner=dict(type="str"),
+    lease_seconds=dict(type="float", default=3600),
 )
 
 
@@ -356,8 +369,16 @@ def main() -> None:
         node = Node(module, ProcReader())
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))
+        store = lease.LeaseStore(lease.LeaseRequest.from_params(dict(
+            name=params["lease_name"], owner=params["lease_owner"] or "-", state="acquired", lease_seconds=params["lease_seconds"],
+            wait_timeout=0, break_owner=None)).name)
+        if params["lease_owner"]:
+            renewed = store.acquire(params["lease_owner"], params["lease_seconds"], 0)
+            if renewed.holder["owner"] != params["lease_owner"]:
+                module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run,
+                                 reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
         # held for the whole run: a lease that changes hands waits for it (an interrupted controller's cutover goes on)
-        with host_lock(lock_path(f"{params['lock_name']}.work"), 5):
+        with host_lock(store.work_path, 5):
             result = cutover.cutover(request, node, Clock(), time.time())
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
