@@ -208,6 +208,7 @@ longest_run:
 
 import os
 import shutil
+import signal
 import time
 import traceback
 
@@ -377,7 +378,9 @@ def main() -> None:
             if renewed.holder["owner"] != params["lease_owner"]:
                 module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run,
                                  reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
-        # held for the whole run: a lease that changes hands waits for it (an interrupted controller's cutover goes on)
+        # a controller interrupted or gone mid-cutover must not leave the node half switched: the cutover goes on to its
+        # end (the target serving, or the previous engine again), and the work lock makes the next run wait for it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         with host_lock(store.work_path, 5):
             result = cutover.cutover(request, node, Clock(), time.time())
     except Error as exc:
