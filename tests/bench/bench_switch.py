@@ -6,8 +6,11 @@ default) that the engine doubles read in full at start.
 1. Downtime (report's downtime_s) of node1 switching vLLM <-> SGLang alone, cold (every weight file dropped from the
    page cache with posix_fadvise DONTNEED just before, prewarm off) and prewarmed (dropped the same way, prewarm on),
    interleaved run by run, 3 of each; medians.
+   Each prewarmed run also records where the downtime goes: the engine's own start (engine_start_s, measured on the
+   node), the teardown, the rest (overhead_s), the node's whole switch (lease to release) and an unchanged rerun.
 2. A bounded load generator (tests/sim/traffic.py) sends completions through HAProxy during a whole 3-node switch
-   vLLM -> SGLang with the built-in HAProxy hooks, and again (after switching back) without them.
+   vLLM -> SGLang with the built-in HAProxy hooks, and again (after switching back) without them (skipped with
+   --no-load, which is how an older tree is measured back to back with this one).
 Prints the JSON result; run_all.py writes it to docs/results/switch_downtime.json.
 """
 
@@ -71,9 +74,18 @@ def downtime_runs(models: Path) -> dict:
             drop_page_cache(models)
             report = switch(target, "-l", "node1,localhost", "-e", f"switch_engine_prewarm={'true' if mode == 'prewarm' else 'false'}")
             node = report["hosts"]["node1"]
-            runs[mode].append({"downtime_s": node["downtime_s"], "bring_up_s": node["durations_s"].get("bring_up"),
-                               "prewarm_s": node["durations_s"].get("prewarm"), "prewarm_bytes": (node["prewarm"] or {}).get("bytes")})
-            print(json.dumps({mode: runs[mode][-1]}), file=sys.stderr, flush=True)
+            run = {"downtime_s": node["downtime_s"], "bring_up_s": node["durations_s"].get("bring_up"),
+                   "prewarm_s": node["durations_s"].get("prewarm"), "prewarm_bytes": (node["prewarm"] or {}).get("bytes"),
+                   # older reports have no engine_start_s: their bring-up phase is the nearest figure
+                   "engine_start_s": node.get("engine_start_s"), "overhead_s": node.get("overhead_s"),
+                   "teardown_s": node["durations_s"].get("teardown"), "switch_s": node["durations_s"].get("total")}
+            if mode == "prewarm":
+                started = time.monotonic()
+                again = switch(target, "-l", "node1,localhost")["hosts"]["node1"]
+                run.update(unchanged_result=again["result"], unchanged_s=again["durations_s"].get("total"),
+                           unchanged_wall_s=round(time.monotonic() - started, 2))
+            runs[mode].append(run)
+            print(json.dumps({mode: run}), file=sys.stderr, flush=True)
             target = "vllm" if target == "sglang" else "sglang"
     return runs
 
@@ -99,11 +111,13 @@ def under_load(label: str, target: str, hooks: bool) -> dict:
     return result
 
 
-def median(values: list) -> float:
-    return round(statistics.median(values), 2)
+def median(values: list) -> float | None:
+    values = [value for value in values if value is not None]
+    return round(statistics.median(values), 2) if values else None
 
 
 def main() -> None:
+    with_load = "--no-load" not in sys.argv[1:]
     WORK.mkdir(parents=True, exist_ok=True)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the result
         models = model_files.ensure(lab.MODELS, lab.MODEL_MIB)
@@ -111,6 +125,8 @@ def main() -> None:
     try:
         switch("vllm")
         runs = downtime_runs(models)
+        if not with_load:
+            return summarize(models, runs, None, None)
         subprocess.run([sys.executable, str(TRAFFIC), "haproxy-start", str(lab.BUILD / "inventory.ini"), "--port", str(HTTP_PORT - 1)],
                        check=True, stdout=subprocess.DEVNULL)
         switch("vllm")  # node1 ends the downtime runs on either engine
@@ -123,16 +139,25 @@ def main() -> None:
                        stdout=subprocess.DEVNULL)
         with contextlib.redirect_stdout(sys.stderr):
             lab.down()
+    summarize(models, runs, with_hooks, without_hooks)
+
+
+def summarize(models: Path, runs: dict, with_hooks: dict | None, without_hooks: dict | None) -> None:
     weights = sum(size for _path, size in model_files_weights(models))
+    warm = runs["prewarm"]
     result = {
         "model_gib": round(weights / 2**30, 2),
-        "downtime_s": {"cold": median([r["downtime_s"] for r in runs["cold"]]), "prewarm": median([r["downtime_s"] for r in runs["prewarm"]])},
-        "bring_up_s": {"cold": median([r["bring_up_s"] for r in runs["cold"]]), "prewarm": median([r["bring_up_s"] for r in runs["prewarm"]])},
-        "prewarm_s": median([r["prewarm_s"] for r in runs["prewarm"]]),
-        "failed_requests": {"with_hooks": with_hooks["failed"], "without_hooks": without_hooks["failed"]},
-        "requests_sent": with_hooks["sent"] + without_hooks["sent"],
-        "runs": runs, "with_hooks": with_hooks, "without_hooks": without_hooks,
+        "downtime_s": {"cold": median([r["downtime_s"] for r in runs["cold"]]), "prewarm": median([r["downtime_s"] for r in warm])},
+        "bring_up_s": {"cold": median([r["bring_up_s"] for r in runs["cold"]]), "prewarm": median([r["bring_up_s"] for r in warm])},
+        "prewarm_s": median([r["prewarm_s"] for r in warm]),
+        # prewarmed runs: the engine's own start, the rest of the downtime, the teardown, a node's whole switch, a rerun
+        "cutover": {key: median([r.get(key) for r in warm]) for key in ("engine_start_s", "overhead_s", "teardown_s", "switch_s", "unchanged_s",
+                                                                         "unchanged_wall_s")},
+        "runs": runs,
     }
+    if with_hooks is not None:
+        result.update(failed_requests={"with_hooks": with_hooks["failed"], "without_hooks": without_hooks["failed"]},
+                      requests_sent=with_hooks["sent"] + without_hooks["sent"], with_hooks=with_hooks, without_hooks=without_hooks)
     print(json.dumps(result, indent=1))
 
 

@@ -44,9 +44,12 @@ def main() -> None:
         results[part] = run_json(f"bench_{part}.py")
     results["minutes"] = round((time.monotonic() - started) / 60, 1)
     (DOCS / "results").mkdir(parents=True, exist_ok=True)
-    (DOCS / "results" / "bench_lab.json").write_text(json.dumps(results, indent=1))
+    (DOCS / "results" / "bench_lab.json").write_text(json.dumps({k: v for k, v in results.items() if k != "switch_before"}, indent=1))
     if "switch" in results:
         (DOCS / "results" / "switch_downtime.json").write_text(json.dumps(results["switch"], indent=1) + "\n")
+    before = DOCS / "results" / "switch_downtime_before.json"
+    if before.exists():
+        results["switch_before"] = json.loads(before.read_text())
     (DOCS / "benchmarks-lab.md").write_text(render(results))
     print(f"wrote {DOCS / 'benchmarks-lab.md'}")
 
@@ -95,7 +98,9 @@ def render(results: dict) -> str:
                   "| | downtime s (out of rotation -> back, verified) | bring-up s | prewarm s (before the drain, not downtime) |", "|---|---|---|---|",
                   f"| cold (prewarm off) | {cold} | {switch['bring_up_s']['cold']} | - |",
                   f"| prewarmed | {warm} | {switch['bring_up_s']['prewarm']} | {switch['prewarm_s']} |",
-                  f"| prewarmed / cold | {round(warm / cold, 2) if cold else '-'} | | |", "",
+                  f"| prewarmed / cold | {round(warm / cold, 2) if cold else '-'} | | |", ""]
+        lines += cutover_lines(switch, results.get("switch_before"))
+        lines += ["",
                   "A 3-node switch vLLM -> SGLang through HAProxy (127.0.0.1) with a bounded load generator (6 clients) running throughout:", "",
                   "| | requests sent | failed | fewest nodes serving | per-node downtime s |", "|---|---|---|---|---|"]
         for label, name in (("with_hooks", "with the HAProxy hooks"), ("without_hooks", "without hooks")):
@@ -103,6 +108,31 @@ def render(results: dict) -> str:
             lines.append(f"| {name} | {run['sent']} | {run['failed']} ({', '.join(f'{k} {v}' for k, v in run['errors'].items()) or 'none'}) | "
                          f"{run['min_serving']} of 3 | {', '.join(str(d) for d in run['downtime_s'])} |")
     return "\n".join(lines) + "\n"
+
+
+def cutover_lines(switch: dict, before: dict | None) -> list[str]:
+    """Where a prewarmed node's downtime goes, this tree beside the one before the node-local cutover (measured back to
+    back on the same machine: docs/results/switch_downtime_before.json)."""
+    now = switch.get("cutover")
+    if not now:
+        return []
+    old = (before or {}).get("cutover") or {}
+    old_downtime = ((before or {}).get("downtime_s") or {}).get("prewarm")
+    old_start = old.get("engine_start_s") or (before or {}).get("bring_up_s", {}).get("prewarm")
+
+    def cell(value) -> str:
+        return "-" if value is None else str(value)
+
+    rows = [("downtime s", switch["downtime_s"]["prewarm"], old_downtime),
+            ("engine start s (unit start to first good readiness; before: the bring-up phase)", now["engine_start_s"], old_start),
+            ("the rest, ours s (downtime - engine start)", now["overhead_s"],
+             round(old_downtime - old_start, 2) if old_downtime is not None and old_start is not None else None),
+            ("teardown s", now["teardown_s"], old.get("teardown_s")),
+            ("node's whole switch s (lease to release)", now["switch_s"], old.get("switch_s")),
+            ("unchanged rerun s (lease to release)", now["unchanged_s"], old.get("unchanged_s"))]
+    return ["Where a prewarmed node's downtime goes (medians): this tree, and the tree before the node-local cutover "
+            "(`engine_cutover`) measured back to back on the same machine (`docs/results/switch_downtime_before.json`):", "",
+            "| | now | before |", "|---|---|---|"] + [f"| {name} | {cell(value)} | {cell(was)} |" for name, value, was in rows]
 
 
 if __name__ == "__main__":
