@@ -1,6 +1,6 @@
 """Run Molecule scenarios on simulated labs, in parallel lanes: `make molecule` (every one), `make test` (the gate's).
 
-    python tests/tools/run_molecule.py [--lanes 2] [SCENARIO ...]
+    python tests/tools/run_molecule.py [--lanes 2] [--first-lane 1] [SCENARIO ...]
 
 Each lane gets its own lab (2 nodes; switch_traffic's 3, engine ports published), created afresh for each scenario
 (GPUFLEET_LAB=laneN, SSH ports from 2221 + 100 * N, beside the default lab on 2221) and runs its scenarios one after
@@ -106,6 +106,7 @@ def run_lane(lane: int, names: list[str], results: dict[str, tuple[bool, float]]
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--first-lane", type=int, default=1, help="number of the first lane (labs laneN), to run beside another run's lanes")
     parser.add_argument("scenario", nargs="*", help="default: every scenario under molecule/")
     args = parser.parse_args(argv)
     known = scenarios()
@@ -114,6 +115,8 @@ def main(argv: list[str]) -> int:
         parser.error(f"no such scenario: {', '.join(unknown)} (known: {', '.join(known)})")
     if not 1 <= args.lanes <= 4:
         parser.error("--lanes must be 1-4")
+    if not 1 <= args.first_lane <= 8:
+        parser.error("--first-lane must be 1-8")
     (REPO / "build").mkdir(exist_ok=True)
     # the node image is built once, before the lanes start their labs
     subprocess.run([sys.executable, str(LAB), "image"], check=True, stdout=subprocess.DEVNULL)
@@ -123,7 +126,7 @@ def main(argv: list[str]) -> int:
     print_lock = threading.Lock()
     started = time.monotonic()
     threads = [threading.Thread(target=run_lane, args=(lane, names, results, print_lock))
-               for lane, names in enumerate(plan, start=1)]
+               for lane, names in enumerate(plan, start=args.first_lane)]
     for thread in threads:
         thread.start()
     for thread in threads:
