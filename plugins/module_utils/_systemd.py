@@ -21,7 +21,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, Error, InvalidInput, Refused
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe
@@ -595,3 +595,19 @@ def stop_unit(request: StopRequest, systemctl: Systemctl, reader: ProcReader, ch
     if outcome.errors:
         raise CheckFailed("; ".join(outcome.errors), **result)
     return result
+
+
+def stop_units(requests: list[StopRequest], systemctl: Systemctl, reader: ProcReader, check_mode: bool,
+               warn=lambda _message: None) -> tuple[list[dict], list[str]]:
+    """stop_unit for each request in order, in one run; a unit that fails does not keep the next one running.
+
+    Returns every unit's result (a failed one with failed and msg, and what its stop did) and the failure messages.
+    """
+    results, failures = [], []
+    for request in requests:
+        try:
+            results.append(stop_unit(request, systemctl, reader, check_mode, warn))
+        except Error as exc:
+            results.append(dict(exc.context, unit=request.unit, failed=True, msg=exc.msg))
+            failures.append(exc.msg)
+    return results, failures

@@ -278,15 +278,9 @@ class Node(cutover.NodeOps):
         return readiness.wait_drained(request, http.HttpClient(engine.url, timeout=5))
 
     def stop_units(self, units: list[str], stop_timeout: float) -> dict:
-        results, failures = [], []
-        for unit in units:
-            request = systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
-                                                disable=False, allow_protected=False, settle=self.params["settle"]))
-            try:
-                results.append(systemd.stop_unit(request, self.systemctl, self.reader, False, self.module.warn))
-            except Error as exc:
-                results.append(dict(exc.context, unit=request.unit, failed=True, msg=exc.msg))
-                failures.append(exc.msg)
+        requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
+                                              disable=False, allow_protected=False, settle=self.params["settle"])) for unit in units]
+        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, False, self.module.warn)
         if failures:
             raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
         return {"results": results}

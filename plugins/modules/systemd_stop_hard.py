@@ -40,8 +40,15 @@ options:
     description:
       - The unit. A name without a unit type suffix means a service (V(vllm) is V(vllm.service)).
       - Globs, paths, templates without an instance, whitespace and shell metacharacters are rejected before anything runs.
+      - One of O(name) and O(names) is required.
     type: str
-    required: true
+  names:
+    description:
+      - Several units, stopped one after the other in one module run (every option applies to each); each is validated
+        before any is stopped, and a unit that fails does not keep the next one running. The result lists each unit's
+        own result in RV(units); the task fails, naming each unit that failed, when any did.
+    type: list
+    elements: str
   stop_timeout:
     description: Seconds the graceful stop may take before the module SIGKILLs the unit's control group.
     type: float
@@ -104,6 +111,12 @@ EXAMPLES = r"""
     stop_triggers: true
   become: true
 
+- name: Stop both engines' units in one run
+  gpufleet.serving.systemd_stop_hard:
+    names: [vllm, sglang]
+    stop_timeout: 10
+  become: true
+
 - name: Stop and disable an SGLang instance of a template unit
   gpufleet.serving.systemd_stop_hard:
     name: sglang@7b.service
@@ -112,66 +125,71 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+units:
+  description: With O(names), each unit's result, with the keys below (and C(failed), C(msg) for a unit that failed).
+  returned: when O(names) is given
+  type: list
+  elements: dict
 unit:
   description: The resolved unit name.
-  returned: always
+  returned: with O(name)
   type: str
   sample: vllm.service
 found:
   description: Whether systemd knows the unit.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: bool
 state_before:
   description: ActiveState, SubState, LoadState, MainPID, InvocationID, NRestarts and UnitFileState before the run.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: dict
 state_after:
   description: The same properties after the run (equal to RV(state_before) in check mode).
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: dict
 processes:
   description: Processes of the unit's control group before the run (in check mode, those that would be stopped).
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: list
   elements: dict
 escalated:
   description: Whether the graceful stop ran out of time and the control group was SIGKILLed.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: bool
 kill_method:
   description: V(cgroup.kill) or V(signal loop) when escalated, else null.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: str
 terminated:
   description: Processes of the unit that exited during the graceful stop (pid, start_time, comm, cmdline, state).
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: list
   elements: dict
 killed:
   description: Processes that were still there at the deadline and died of SIGKILL.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: list
   elements: dict
 survivors:
   description:
     - Processes still in the control group at the end, with state (D = uninterruptible), wchan and
       C(signals_pending), pending signals by name (a pending SIGKILL marks a task that cannot die now).
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: list
   elements: dict
 disabled:
   description: Whether the unit was disabled by this run.
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: bool
 triggers_stopped:
   description: Triggers of the unit stopped by this run (in check mode, those that would be), with O(stop_triggers=true).
-  returned: always
+  returned: with O(name); in each of RV(units) with O(names)
   type: list
   elements: str
   sample: [vllm.socket]
 warnings:
   description: Unit settings that make a plain stop unsafe (KillMode=process/none, SendSIGKILL=no, TimeoutStopSec=infinity, triggers).
-  returned: when any
+  returned: when any (in each of RV(units) with O(names))
   type: list
   elements: str
 elapsed:
@@ -189,7 +207,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Er
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
 ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
+    name=dict(type="str"),
+    names=dict(type="list", elements="str"),
     stop_timeout=dict(type="float", default=90),
     kill_timeout=dict(type="float", default=30),
     settle=dict(type="float", default=0.5),
@@ -201,14 +220,22 @@ ARGUMENT_SPEC = dict(
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True, mutually_exclusive=[("name", "names")],
+                           required_one_of=[("name", "names")])
     started = time.monotonic()
     try:
-        request = systemd.stop_request(module.params)
+        # every name is checked before systemctl is looked for, and before any unit is stopped
+        names = [module.params["name"]] if module.params["names"] is None else list(dict.fromkeys(module.params["names"]))
+        requests = [systemd.stop_request(dict(module.params, name=name)) for name in names]
         systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
-        result = systemd.stop_unit(request, systemctl, ProcReader(), module.check_mode, module.warn)
+        if module.params["names"] is None:
+            module.exit_json(**systemd.stop_unit(requests[0], systemctl, ProcReader(), module.check_mode, module.warn))
+        results, failures = systemd.stop_units(requests, systemctl, ProcReader(), module.check_mode, module.warn)
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
+    result = dict(changed=any(unit.get("changed") for unit in results), units=results, elapsed=time.monotonic() - started)
+    if failures:
+        module.fail_json(msg="; ".join(failures), **result)
     module.exit_json(**result)
 
 

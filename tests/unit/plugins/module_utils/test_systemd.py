@@ -405,3 +405,40 @@ def test_a_trigger_that_does_not_stop_fails_the_run_before_the_unit_is_touched(u
     outcome = run_stop(fake, stop_timeout=0.3, stop_triggers=True)
     assert outcome.errors == ["trigger engine.socket is still deactivating after stop_timeout=0.3s"]
     assert outcome.triggers_stopped == [] and "stop" not in fake.calls and alive(main.pid)
+
+
+class ListedUnits:
+    """systemctl for stop_units: one unit already down and empty, one whose systemctl call fails."""
+
+    def __init__(self):
+        self.shown: list[str] = []
+
+    def show(self, unit: str) -> systemd.UnitState:
+        self.shown.append(unit)
+        if unit == "broken.service":
+            raise systemd.CommandFailed("systemctl show broken.service failed (rc 1): Access denied")
+        return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": "inactive", "Job": "", "ControlGroup": ""})
+
+
+def test_a_list_of_units_is_stopped_in_order_and_one_failure_does_not_keep_the_next_running():
+    """systemd_stop_hard names: each unit's own result, in order; the failed one named, the one after it still handled."""
+    requests = [systemd.stop_request({"name": name, "stop_timeout": 1, "kill_timeout": 1, "must_exist": False, "disable": False,
+                                      "allow_protected": False, "settle": 0}) for name in ("vllm", "broken", "sglang")]
+    fake = ListedUnits()
+    results, failures = systemd.stop_units(requests, fake, ProcReader(), check_mode=False)
+    assert fake.shown == ["vllm.service", "broken.service", "sglang.service"]
+    assert [result["unit"] for result in results] == ["vllm.service", "broken.service", "sglang.service"]
+    assert not results[0]["changed"] and results[2]["found"] and not results[2].get("failed")
+    assert results[1]["failed"] and failures == [results[1]["msg"]] and "Access denied" in failures[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"names": ["vllm", "sglang*"]}, "glob pattern"),
+    ({"names": ["vllm", "sshd"]}, "protected"),
+    ({"name": "vllm", "names": ["sglang"]}, "mutually exclusive"),
+    ({}, "one of the following is required"),
+])
+def test_module_checks_every_name_before_stopping_any(args, message, tmp_path):
+    """A bad name anywhere in the list refuses the run before systemctl is called for the first one."""
+    result = run_module("systemd_stop_hard", args, env={"PATH": str(tmp_path)})
+    assert result.failed and message in result["msg"]
