@@ -24,7 +24,7 @@ description:
     succeeds with RV(result=rolled_back), or RV(result=rollback_failed) and RV(rollback_error) when that failed too; the
     caller decides what a rollback means for its run.
   - Phase times are measured on the node (monotonic clock) and returned as RV(marks).
-  - Holds a host lock named after O(lock_name) for its whole run, so that a run whose controller was interrupted is
+  - Holds a host lock named after O(lease_name) for its whole run, so that a run whose controller was interrupted is
     waited for (M(gpufleet.serving.host_lease) waits for it before a lease changes hands) instead of raced.
 author:
   - gpufleet.serving contributors (@gpufleet)
@@ -42,20 +42,77 @@ options:
     elements: str
     required: true
   target:
-    description: The engine to start - C(engine) (V(vllm) or V(sglang)), C(unit), C(url), C(model) (the served model name),
-      C(api_key), C(ready_timeout) (seconds until it must serve).
+    description: The engine to start.
     type: dict
     required: true
+    suboptions:
+      engine:
+        description: V(vllm) or V(sglang).
+        type: str
+        required: true
+        choices: [vllm, sglang]
+      unit:
+        description: Its systemd unit.
+        type: str
+        required: true
+      url:
+        description: Its base URL on the node.
+        type: str
+        required: true
+      model:
+        description: The served model name that C(/v1/models) must list.
+        type: str
+        required: true
+      api_key:
+        description: Bearer key for its guarded routes.
+        type: str
+      ready_timeout:
+        description: Seconds from its unit start until it must serve.
+        type: float
+        default: 600
   previous:
-    description: The engine serving now, with the same keys as O(target); drained first and started again by a rollback.
-      Unset when no engine serves.
+    description: The engine serving now, drained first and started again by a rollback. Unset when no engine serves.
     type: dict
+    suboptions:
+      engine:
+        description: V(vllm) or V(sglang).
+        type: str
+        required: true
+        choices: [vllm, sglang]
+      unit:
+        description: Its systemd unit.
+        type: str
+        required: true
+      url:
+        description: Its base URL on the node.
+        type: str
+        required: true
+      model:
+        description: The served model name that C(/v1/models) must list.
+        type: str
+        required: true
+      api_key:
+        description: Bearer key for its guarded routes.
+        type: str
+      ready_timeout:
+        description: Seconds from its unit start until it must serve.
+        type: float
+        default: 600
   restore:
     description: Files the rollback copies back before it starts the previous engine (C(src), C(dest)), followed by a
       C(daemon-reload) - the previous configuration of an engine the switch rewrote.
     type: list
     elements: dict
     default: []
+    suboptions:
+      src:
+        description: The kept copy.
+        type: path
+        required: true
+      dest:
+        description: Where it goes back.
+        type: path
+        required: true
   drain_timeout:
     description: Seconds to wait for the previous engine's running requests to finish.
     type: float

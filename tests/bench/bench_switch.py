@@ -39,6 +39,8 @@ TRAFFIC = REPO / "tests" / "sim" / "traffic.py"
 HTTP_PORT = 18601  # node1's engine port on 127.0.0.1; HAProxy listens one below
 WORK = lab.BUILD / "bench"
 REPETITIONS = 3
+# where a prewarmed node's downtime goes, and what a whole switch and an unchanged rerun take
+CUTOVER_KEYS = ("engine_start_s", "overhead_s", "teardown_s", "switch_s", "unchanged_s", "unchanged_wall_s")
 
 
 def switch(target: str, *extra: str) -> dict:
@@ -151,8 +153,7 @@ def summarize(models: Path, runs: dict, with_hooks: dict | None, without_hooks: 
         "bring_up_s": {"cold": median([r["bring_up_s"] for r in runs["cold"]]), "prewarm": median([r["bring_up_s"] for r in warm])},
         "prewarm_s": median([r["prewarm_s"] for r in warm]),
         # prewarmed runs: the engine's own start, the rest of the downtime, the teardown, a node's whole switch, a rerun
-        "cutover": {key: median([r.get(key) for r in warm]) for key in ("engine_start_s", "overhead_s", "teardown_s", "switch_s", "unchanged_s",
-                                                                         "unchanged_wall_s")},
+        "cutover": {key: median([r.get(key) for r in warm]) for key in CUTOVER_KEYS},
         "runs": runs,
     }
     if with_hooks is not None:
