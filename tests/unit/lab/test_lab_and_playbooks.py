@@ -94,7 +94,7 @@ def test_molecule_lanes_hold_every_scenario_once_longest_first_onto_the_lightest
 def test_every_molecule_scenario_is_in_the_gate_or_the_drills_once():
     """make test runs the gate's scenarios, make test-all the drills too: a new scenario must be placed in one."""
     makefile = (REPO / "Makefile").read_text()
-    tiers = {name: set(re.search(rf"^{name} := (.*)$", makefile, re.M).group(1).split()) for name in ("GATE_SCENARIOS", "DRILL_SCENARIOS")}
+    tiers = {name: set(re.search(rf"^{name} :=(.*)$", makefile, re.M).group(1).split()) for name in ("GATE_SCENARIOS", "DRILL_SCENARIOS")}
     assert not tiers["GATE_SCENARIOS"] & tiers["DRILL_SCENARIOS"]
     assert tiers["GATE_SCENARIOS"] | tiers["DRILL_SCENARIOS"] == set(run_molecule.scenarios())
     assert {"teardown_units", "switch_engine"} <= tiers["GATE_SCENARIOS"]
