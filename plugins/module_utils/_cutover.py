@@ -137,16 +137,15 @@ def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float) -> dict
 
     Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
     """
-    steps: dict = {"check_mode": False}
+    steps: dict = {"check_mode": False, "seconds": {}}
+    clock = getattr(ops, "clock", None) or Clock()
     step = "before"
     try:
-        steps["before"] = ops.memory(wait=False)
-        step = "units"
-        steps["units"] = ops.stop_units(request.units, stop_timeout)
-        step = "holders"
-        steps["holders"] = ops.kill_holders(request.units)
-        step = "after"
-        steps["after"] = ops.memory(wait=True)
+        for step, run in (("before", lambda: ops.memory(wait=False)), ("units", lambda: ops.stop_units(request.units, stop_timeout)),
+                          ("holders", lambda: ops.kill_holders(request.units)), ("after", lambda: ops.memory(wait=True))):
+            started = clock.monotonic()
+            steps[step] = run()
+            steps["seconds"][step] = round(clock.monotonic() - started, 3)  # where a teardown's time goes
     except Error as exc:
         if step == "units" and isinstance(exc, TeardownFailed):
             steps["units"] = exc.context.get("units") or {}

@@ -246,7 +246,7 @@ drain:
 teardown:
   description: The teardown's steps - C(before), C(units) (C(results), one per unit), C(holders), C(after) - as
     M(gpufleet.serving.systemd_stop_hard), M(gpufleet.serving.gpu_holders_kill) and M(gpufleet.serving.gpu_memory_assert)
-    return them; C(failed_step) and C(failure) when one failed.
+    return them; C(seconds), each step's time; C(failed_step) and C(failure) when one failed.
   returned: always
   type: dict
 rollback_teardown:

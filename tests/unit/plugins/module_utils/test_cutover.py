@@ -91,7 +91,8 @@ def test_the_switch_runs_drain_teardown_bring_up_in_order_and_measures_the_engin
     assert starts["teardown"] - starts["drain"] == pytest.approx(0.2)
     assert starts["bring_up"] - starts["teardown"] == pytest.approx(0.39)
     assert starts["drain"] == pytest.approx(1_700_000_000.0), "monotonic times anchored once to the node's wall clock"
-    assert set(result["teardown"]) == {"check_mode", "before", "units", "holders", "after"}
+    assert set(result["teardown"]) == {"check_mode", "seconds", "before", "units", "holders", "after"}
+    assert result["teardown"]["seconds"] == pytest.approx({"before": 0.02, "units": 0.3, "holders": 0.05, "after": 0.02}), "each step's time"
 
 
 def test_a_busy_engine_gets_its_stop_timeout_and_no_previous_engine_means_no_drain():
