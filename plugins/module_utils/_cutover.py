@@ -65,6 +65,7 @@ class CutoverRequest:
     stop_grace: float = 10.0  # an engine the drain found idle
     stop_timeout: float = 90.0  # an engine still busy, or one that did not answer
     restore: list[dict] = field(default_factory=list)  # [{src, dest}]: the previous engine's files, put back for the rollback
+    boot: bool = False  # the engine serving at the end is the only one of units enabled at boot
 
     def __post_init__(self) -> None:
         if not self.units:
@@ -109,6 +110,10 @@ class NodeOps:
 
     def wait_ready(self, engine: Engine, timeout: float) -> dict:
         """The engine serves (health, model, a one-token completion) within timeout; raises NotServing otherwise."""
+        raise NotImplementedError
+
+    def set_boot(self, enable: str | None, units: list[str]) -> dict:
+        """Only ``enable`` of ``units`` starts at boot (None: none); returns {enabled, disabled, at_boot}."""
         raise NotImplementedError
 
 
@@ -165,7 +170,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     failure is its ``result``), so that the controller records every phase whatever happened."""
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
-                    "rollback_teardown": None, "engine_start_s": None, "ready": None}
+                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "boot": None, "boot_error": None}
     try:
         stop_timeout = request.stop_timeout
         if request.previous:
@@ -184,6 +189,8 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
         phases.enter("bring_up")
         started = clock.monotonic()
         ops.start(request.target.unit)
+        # while the engine loads: a node rebooted from here on starts the engine that serves (the rollback resets it)
+        set_boot(request, ops, request.target.unit, result)
         result["ready"] = ops.wait_ready(request.target, request.target.ready_timeout)
         result["engine_start_s"] = round(clock.monotonic() - started, 3)
     except Error as exc:
@@ -196,6 +203,8 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
             result["result"] = "rollback_failed"
             if isinstance(rollback_exc, TeardownFailed):
                 result["rollback_teardown"] = rollback_exc.context["steps"]
+        # the engine meant to serve now starts at boot, whether its rollback came up or not
+        set_boot(request, ops, request.previous.unit if request.previous else None, result)
     phases.enter("end")
     result["marks"] = phases.marks
     return result
@@ -212,6 +221,18 @@ def rollback(request: CutoverRequest, ops: NodeOps) -> dict:
         ops.start(request.previous.unit)
         ops.wait_ready(request.previous, request.previous.ready_timeout)
     return steps
+
+
+def set_boot(request: CutoverRequest, ops: NodeOps, enable: str | None, result: dict) -> None:
+    """Only ``enable`` at boot, when the request asks for it. A failure here leaves the engine serving: it is the
+    result's boot_error, for the caller to report, not a reason to roll back."""
+    if not request.boot:
+        return
+    try:
+        result["boot"] = ops.set_boot(enable, request.units)
+        result["boot_error"] = None
+    except Error as exc:
+        result["boot_error"] = f"only {enable or 'no engine'} at boot: {exc.msg}"
 
 
 def not_serving_message(engine: Engine, waited: float, unit_state: str | None, detail: str) -> str:

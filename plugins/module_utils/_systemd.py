@@ -185,6 +185,31 @@ class Systemctl:
     def daemon_reload(self) -> None:
         self._run("daemon-reload")
 
+    def unit_file_state(self, unit: str) -> str:
+        """enabled, disabled, static, ... as `systemctl is-enabled` reads the files now ('not-found' when none)."""
+        argv = [self.binary, "is-enabled", "--", unit]
+        rc, out, err = self.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"})
+        state = out.strip().splitlines()[-1] if out.strip() else ""
+        if state:
+            return state
+        if "No such file" in err or "not found" in err.lower():
+            return "not-found"
+        raise CommandFailed(f"{' '.join(argv)} failed (rc {rc}): {err.strip()}", cmd=argv, rc=rc, stdout=out, stderr=err)
+
+    def set_boot(self, enable: str | None, units: list[str]) -> dict:
+        """Only ``enable`` of ``units`` starts at boot (None: none of them); a unit already as it should be is left
+        alone. One daemon-reload when something changed, so that systemd's UnitFileState says what the files say."""
+        states = {unit: self.unit_file_state(unit) for unit in units}
+        to_enable = [unit for unit in units if unit == enable and states[unit] != "enabled"]
+        to_disable = [unit for unit in units if unit != enable and states[unit] == "enabled"]
+        if to_enable:
+            self._run("enable", "--no-reload", "--", *to_enable)
+        if to_disable:
+            self._run("disable", "--no-reload", "--", *to_disable)
+        if to_enable or to_disable:
+            self.daemon_reload()
+        return {"enabled": to_enable, "disabled": to_disable, "at_boot": enable}
+
     def unit_state(self, unit: str) -> str:
         """ActiveState, or auto-restart when the engine exited and systemd waits to start it again (Restart=);
         'unknown' when systemctl cannot say."""

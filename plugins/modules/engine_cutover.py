@@ -98,6 +98,14 @@ options:
         description: Seconds from its unit start until it must serve.
         type: float
         default: 600
+  boot:
+    description:
+      - Leave only the engine that serves at the end enabled at boot among O(units) - the target, set while it loads,
+        or after a rollback the previous engine (none when there was none) - so that a node rebooted at any moment
+        after the cutover starts the engine it served. Units already as they should be are not touched.
+      - A failure here does not roll back: the engine serves, RV(boot_error) says what could not be set.
+    type: bool
+    default: false
   restore:
     description: Files the rollback copies back before it starts the previous engine (C(src), C(dest)), followed by a
       C(daemon-reload) - the previous configuration of an engine the switch rewrote.
@@ -253,6 +261,15 @@ rollback_teardown:
   description: The rollback's teardown, in the same shape; null when no rollback ran.
   returned: always
   type: dict
+boot:
+  description: What O(boot) changed - C(enabled) and C(disabled) units, C(at_boot) the unit left enabled (null for
+    none); null when O(boot) is false or the step did not run.
+  returned: always
+  type: dict
+boot_error:
+  description: Why the boot state could not be set; null when it was, or when O(boot) is false.
+  returned: always
+  type: str
 ready:
   description: The target's last readiness answer (checks, elapsed).
   returned: when the target served
@@ -299,6 +316,7 @@ ARGUMENT_SPEC = dict(
     units=dict(type="list", elements="str", required=True),
     target=dict(type="dict", required=True, options=ENGINE_OPTIONS),
     previous=dict(type="dict", options=ENGINE_OPTIONS),
+    boot=dict(type="bool", default=False),
     restore=dict(type="list", elements="dict", default=[], options=dict(src=dict(type="path", required=True), dest=dict(type="path", required=True))),
     drain_timeout=dict(type="float", default=120),
     stop_grace=dict(type="float", default=5),
@@ -382,6 +400,9 @@ class Node(cutover.NodeOps):
     def start(self, unit: str) -> None:
         self.systemctl.start(unit)
 
+    def set_boot(self, enable: str | None, units: list[str]) -> dict:
+        return self.systemctl.set_boot(enable, units)
+
     def wait_ready(self, engine: cutover.Engine, timeout: float) -> dict:
         request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
                                          timeout=timeout, interval=self.params["interval"], completion=True, min_spec_acceptance=None,
@@ -402,7 +423,7 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     """Check mode: which units would be stopped and which started."""
     active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
-                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None)
+                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, boot=None, boot_error=None)
 
 
 def main() -> None:
@@ -417,7 +438,7 @@ def main() -> None:
             previous=cutover.Engine.from_params("previous", params["previous"] and dict(
                 params["previous"], unit=systemd.normalize_unit_name(params["previous"]["unit"]))),
             drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
-            restore=params["restore"])
+            restore=params["restore"], boot=params["boot"])
         node = Node(module, ProcReader())
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))

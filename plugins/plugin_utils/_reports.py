@@ -133,9 +133,18 @@ def _phases(marks: list) -> list:
             for (phase, start), (_next, end) in zip(marks, marks[1:])]
 
 
-def _out_of_rotation(marks: list, result: str) -> list | None:
-    """[left, back] (unix seconds) of the node's time out of rotation; back is None when it did not come back."""
+def _out_of_rotation(marks: list, result: str, record: dict | None = None) -> list | None:
+    """[left, back] (unix seconds) of the node's time out of rotation; back is None when it did not come back.
+
+    With a balancer, from leaving its rotation to having joined it again. Without one (rotation none) clients reach
+    the engine directly, so the node is out of service from the cutover's start on the node to an engine's first good
+    readiness answer there, as long as the cutover's outcome is the switch's (a soak that failed afterwards is
+    counted the balancer's way, from the marks)."""
+    record = record or {}
     names = [mark[0] for mark in marks]
+    node_phases = [mark for mark in marks if mark[0] in ("drain", "teardown")]
+    if record.get("rotation") == "none" and record.get("serving_since") and node_phases and record.get("cutover_result") == result:
+        return [round(float(node_phases[0][1]), 3), round(float(record["serving_since"]), 3)]
     if "leave_rotation" not in names:
         return None
     left = float(marks[names.index("leave_rotation")][1])
@@ -145,6 +154,18 @@ def _out_of_rotation(marks: list, result: str) -> list | None:
         if joined + 1 < len(marks):
             back = float(marks[joined + 1][1])
     return [round(left, 3), None if back is None else round(back, 3)]
+
+
+def _parts_within(marks: list, out: list | None) -> dict:
+    """Seconds of each downtime part inside the time out of service [left, back]."""
+    if not out or out[1] is None:
+        return {}
+    parts: dict = {}
+    for (phase, start), (_next, end) in zip(marks, marks[1:]):
+        overlap = min(float(end), out[1]) - max(float(start), out[0])
+        if phase in DOWNTIME_PARTS and overlap > 0:
+            parts[phase] = round(parts.get(phase, 0.0) + overlap, 2)
+    return {part: parts[part] for part in DOWNTIME_PARTS if part in parts}
 
 
 def _preflight(checks) -> list:
@@ -212,7 +233,7 @@ def switch_host_report(record: dict) -> dict:
     teardowns = [record.get("teardown"), record.get("rollback_teardown")]
     lease = record.get("lease") or {}
     durations = _durations(marks)
-    out = _out_of_rotation(marks, result)
+    out = _out_of_rotation(marks, result, record)
     downtime = round(out[1] - out[0], 2) if out and out[1] is not None else None
     engine_start = record.get("engine_start_s")
     engine_start = None if engine_start in (None, "") else round(float(engine_start), 2)
@@ -236,7 +257,7 @@ def switch_host_report(record: dict) -> dict:
         "phases": _phases(marks),
         "out_of_rotation": out,
         "downtime_s": downtime,
-        "downtime_parts_s": {part: durations[part] for part in DOWNTIME_PARTS if part in durations} if out else {},
+        "downtime_parts_s": _parts_within(marks, out),
         # the downtime split: the target's unit start to its first good readiness answer, and everything else (ours)
         "engine_start_s": engine_start,
         "overhead_s": round(downtime - engine_start, 2) if downtime is not None and engine_start is not None and result == SWITCHED else None,

@@ -41,7 +41,9 @@ def cutover_record(result: dict) -> dict:
     if outcome not in CUTOVER_RESULTS:
         raise SwitchError(f"engine_cutover result {outcome!r} is not one of {', '.join(CUTOVER_RESULTS)}")
     marks = [list(mark) for mark in result.get("marks") or []]
+    ended = None
     if marks and marks[-1][0] == "end":
+        ended = float(marks[-1][1])
         marks = marks[:-1]
     record = {"result": outcome}
     if outcome != "switched":
@@ -54,4 +56,9 @@ def cutover_record(result: dict) -> dict:
         "teardown": teardown_host_report(result["teardown"]) if result.get("teardown") else None,
         "rollback_teardown": teardown_host_report(result["rollback_teardown"]) if result.get("rollback_teardown") else None,
         "engine_start_s": result.get("engine_start_s"),
+        # when an engine served again, on the node's clock (the target, or the previous one after the rollback)
+        "serving_since": ended if outcome in ("switched", "rolled_back") else None,
+        "cutover_result": outcome,
+        "boot": result.get("boot"),
+        "boot_error": result.get("boot_error"),
     }

@@ -148,6 +148,22 @@ def test_downtime_runs_from_leaving_rotation_to_the_end_of_joining_it():
     assert report["prewarm"]["bytes"] == 67108864 and report["preflight"][0]["passed"] is True
 
 
+def test_without_a_balancer_the_downtime_is_the_nodes_own_from_the_cutovers_start_to_an_engine_serving():
+    """rotation none: clients reach the engine directly; the controller's bookkeeping after the engine serves is no
+    downtime. The node's figure holds only while the cutover's outcome is the switch's."""
+    record = rotated_record(rotation="none", serving_since=T0 + 10.5, cutover_result="switched", engine_start_s=2.5)
+    report = reports.switch_host_report(record)
+    assert report["out_of_rotation"] == [T0 + 4, T0 + 10.5] and report["downtime_s"] == 6.5
+    assert report["downtime_parts_s"] == {"drain": 1.0, "teardown": 3.0, "bring_up": 2.5}, "each part clipped to the time out of service"
+    assert report["overhead_s"] == 4.0
+    # with a balancer the same marks count from leaving rotation to having joined it again
+    balanced = reports.switch_host_report(dict(record, rotation="haproxy"))
+    assert balanced["out_of_rotation"] == [T0 + 3, T0 + 18] and balanced["downtime_s"] == 15.0
+    # the soak failed after a good cutover: the controller's rollback counts the balancer's way
+    soaked = dict(record, outcome={"result": "rolled_back", "reason": "soak: crashed"})
+    assert reports.switch_host_report(soaked)["out_of_rotation"] == [T0 + 3, T0 + 18]
+
+
 def test_a_node_that_never_came_back_has_no_downtime_figure():
     record = rotated_record("rollback_failed", outcome={"result": "rollback_failed", "reason": "x", "rollback_error": "y"})
     record["marks"] = record["marks"][:8] + [["rollback", T0 + 9], ["end", T0 + 30]]

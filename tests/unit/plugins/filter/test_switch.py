@@ -39,6 +39,7 @@ def test_the_record_drops_the_nodes_end_mark_and_keeps_teardowns_as_gpu_teardown
     assert record["teardown"]["result"] == "ok" and record["teardown"]["units"][0]["after"] == "inactive"
     assert record["teardown"]["killed"][0]["cmdline"] == "python3 -m vllm" and record["teardown"]["memory_after"][0]["clean"]
     assert record["rollback_teardown"] is None
+    assert record["serving_since"] == 13.0 and record["cutover_result"] == "switched", "the node's end: an engine serves from then"
 
 
 def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
@@ -49,5 +50,6 @@ def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
     assert record["outcome"] == {"result": "rollback_failed", "reason": "teardown: units: survived", "rollback_error": "after: GPU 3 busy"}
     assert record["teardown"]["result"] == "failed" and record["teardown"]["failed_step"] == "units"
     assert record["rollback_teardown"]["reason"] == "GPU 3 busy"
+    assert record["serving_since"] is None, "no engine serves after a failed rollback"
     with pytest.raises(_switch.SwitchError, match="'maybe' is not one of"):
         _switch.cutover_record({"result": "maybe"})

@@ -70,6 +70,10 @@ class Node(cutover.NodeOps):
         self._step("wait_ready", engine.unit, timeout)
         return {"ready": True, "elapsed": self.costs["wait_ready"]}
 
+    def set_boot(self, enable, units):
+        self._step("set_boot", enable, tuple(units))
+        return {"enabled": [enable] if enable else [], "disabled": [unit for unit in units if unit != enable], "at_boot": enable}
+
 
 def run(node, clock, previous=VLLM, **options):
     request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=previous, drain_timeout=120, stop_grace=5, stop_timeout=90, **options)
@@ -188,3 +192,37 @@ def test_messages_say_whether_the_engine_exited_or_was_still_loading():
         "sglang.service stopped 3.0 s after its start, before it served: the engine exited"
     assert cutover.not_serving_message(SGLANG, 30.0, "activating", "still waiting for models") == \
         "sglang.service did not serve within 30.0 s (ready_timeout 30 s): still waiting for models"
+
+
+def test_boot_is_set_to_the_target_while_it_loads_and_back_to_the_previous_engine_on_a_rollback():
+    clock = Clock()
+    node = Node(clock)
+    result = run(node, clock, boot=True)
+    names = [call[0] for call in node.calls]
+    assert names[-3:] == ["start", "set_boot", "wait_ready"], "set while the engine loads, not after it serves"
+    assert ("set_boot", "sglang.service", tuple(UNITS)) in node.calls
+    assert result["boot"]["at_boot"] == "sglang.service" and result["boot_error"] is None
+    assert result["engine_start_s"] == pytest.approx(2.01)
+
+    failing = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("sglang.service did not serve")})
+    result = run(failing, clock, boot=True)
+    boots = [call for call in failing.calls if call[0] == "set_boot"]
+    assert boots == [("set_boot", "sglang.service", tuple(UNITS)), ("set_boot", "vllm.service", tuple(UNITS))]
+    assert failing.calls[-1][0] == "set_boot", "after the previous engine serves again"
+    assert result["result"] == "rolled_back" and result["boot"]["at_boot"] == "vllm.service"
+
+    fresh = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("no")})
+    result = run(fresh, clock, previous=None, boot=True)
+    assert result["boot"]["at_boot"] is None, "no engine served before: none starts at boot after the rollback"
+
+
+def test_boot_is_left_alone_unless_asked_and_its_failure_does_not_roll_back():
+    clock = Clock()
+    node = Node(clock)
+    result = run(node, clock)
+    assert not any(call[0] == "set_boot" for call in node.calls) and result["boot"] is None
+    broken = Node(clock, failures={"set_boot": CheckFailed("systemctl enable failed (rc 1): read-only file system")})
+    result = run(broken, clock, boot=True)
+    assert result["result"] == "switched", "the target serves: a boot state that could not be set is reported, not rolled back"
+    assert result["boot_error"] == "only sglang.service at boot: systemctl enable failed (rc 1): read-only file system"
+    assert result["boot"] is None

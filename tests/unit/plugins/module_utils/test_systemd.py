@@ -442,3 +442,39 @@ def test_module_checks_every_name_before_stopping_any(args, message, tmp_path):
     """A bad name anywhere in the list refuses the run before systemctl is called for the first one."""
     result = run_module("systemd_stop_hard", args, env={"PATH": str(tmp_path)})
     assert result.failed and message in result["msg"]
+
+
+def test_set_boot_changes_only_units_not_as_they_should_be_and_reloads_once():
+    """engine_cutover's boot step: the serving unit enabled, the others disabled, the rest left alone."""
+    calls = []
+    states = {"vllm.service": "enabled", "sglang.service": "disabled", "extra.service": "disabled"}
+
+    def run_command(argv, environ_update=None):
+        calls.append(argv[1:])
+        if argv[1] == "is-enabled":
+            state = states[argv[-1]]
+            return (0 if state == "enabled" else 1), f"{state}\n", ""
+        return 0, "", ""
+
+    systemctl = systemd.Systemctl(run_command, "systemctl")
+    result = systemctl.set_boot("sglang.service", list(states))
+    assert result == {"enabled": ["sglang.service"], "disabled": ["vllm.service"], "at_boot": "sglang.service"}
+    changes = [call for call in calls if call[0] != "is-enabled"]
+    assert changes == [["enable", "--no-reload", "--", "sglang.service"], ["disable", "--no-reload", "--", "vllm.service"], ["daemon-reload"]]
+
+    calls.clear()
+    states.update({"vllm.service": "disabled", "sglang.service": "enabled"})
+    assert systemctl.set_boot("sglang.service", list(states)) == {"enabled": [], "disabled": [], "at_boot": "sglang.service"}
+    assert all(call[0] == "is-enabled" for call in calls), "nothing to change: no enable, no disable, no reload"
+
+
+def test_set_boot_reads_a_missing_unit_as_not_found_and_names_other_failures():
+    def run_command(argv, environ_update=None):
+        if argv[-1] == "gone.service":
+            return 1, "", "Failed to get unit file state for gone.service: No such file or directory\n"
+        return 1, "", "Failed to connect to bus: No such file or directory\n" if argv[-1] == "x" else "Access denied\n"
+
+    systemctl = systemd.Systemctl(run_command, "systemctl")
+    assert systemctl.unit_file_state("gone.service") == "not-found"
+    with pytest.raises(systemd.CommandFailed, match="Access denied"):
+        systemctl.unit_file_state("y.service")
