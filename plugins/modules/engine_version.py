@@ -68,7 +68,6 @@ reasons:
 """
 
 import os
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -81,32 +80,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def first_line(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as script:
-            return script.readline(512)
-    except OSError:
-        return None
-
-
-def installed_version(engine: str, executable: str, timeout: float) -> tuple[str | None, str | None]:
-    """(version, None) or (None, why not)."""
-    python, reason = versions.interpreter(executable, first_line(executable))
-    if python is None:
-        return None, reason
-    try:
-        done = subprocess.run([python, "-I", "-c", versions.READ_VERSION, *versions.DISTRIBUTIONS[engine]], capture_output=True,
-                              text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        return None, f"{python} cannot run: {exc.strerror}"
-    except subprocess.TimeoutExpired:
-        return None, f"{python} did not read its package metadata within {timeout:g} s"
-    found = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not found:
-        return None, f"{python} has no {engine} installed" + (f": {done.stderr.strip()[-300:]}" if done.returncode else "")
-    return found[-1], None
-
-
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -117,7 +90,7 @@ def main() -> None:
         module.fail_json(msg=f"timeout: must be greater than 0, got {params['timeout']:g}")
     found, reasons = {}, {}
     for executable in dict.fromkeys(params["executables"]):
-        found[executable], reason = installed_version(params["engine"], executable, params["timeout"])
+        found[executable], reason = versions.installed_version(params["engine"], executable, params["timeout"])
         if reason:
             reasons[executable] = reason
     module.exit_json(changed=False, versions=found, reasons=reasons)

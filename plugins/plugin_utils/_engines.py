@@ -22,6 +22,7 @@ import json
 import posixpath
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
 
 ENGINES = ("vllm", "sglang")
@@ -488,8 +489,7 @@ def engine_secrets(facts: dict, api_key: str) -> dict:
 
 def unit_command(exec_start: str | None) -> list[str]:
     """The words of a unit's first ExecStart=, from `systemctl show` ({ path=... ; argv[]=WORDS ; ... }); [] if none."""
-    found = re.search(r"argv\[\]=(.*?) ; ", exec_start or "")
-    return found.group(1).split() if found else []
+    return exec_start_argv(exec_start)
 
 
 def command_model(engine: str, argv: list) -> str | None:

@@ -62,3 +62,33 @@ def cutover_record(result: dict) -> dict:
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
     }
+
+
+def observe_requests(engines: dict, names: list, target: str) -> list:
+    """engine_observe's engines from each engine's facts: the target's configured executable is read whether it runs
+    or not, and its readiness answer includes a one-token completion (the one "unchanged" is decided on)."""
+    requests = []
+    for name in names:
+        facts = engines[name]
+        configured = bool(facts.get("configured"))
+        requests.append({"engine": facts["engine"], "unit": facts["unit"], "url": facts.get("url") or None,
+                         "model": facts.get("served_model_name") or None, "api_key": facts.get("api_key") or None,
+                         "executable": (facts.get("executable") or None) if name == target and configured else None,
+                         "completion": name == target})
+    return requests
+
+
+def observed(result: dict, names: list) -> dict:
+    """What the switch keeps of engine_observe's answer, by engine name in the order of ``names``: found (running),
+    enabled, installed, serving; commands (the argv of each running engine) and versions (by executable)."""
+    engines = result.get("engines") or {}
+    missing = [name for name in names if name not in engines]
+    if missing:
+        raise SwitchError(f"engine_observe did not answer for {', '.join(missing)}")
+
+    def having(key: str) -> list:
+        return [name for name in names if engines[name].get(key)]
+    return {"found": having("running"), "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
+            "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
+            "versions": {name: dict(engines[name].get("versions") or {}) for name in names},
+            "paths": dict(result.get("paths") or {})}

@@ -1,0 +1,103 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""What a node runs, read in one step and changing nothing: each engine's unit (loaded, running, enabled at boot, the
+command it was started with), the version its executables run, whether it serves now, and which files exist.
+
+The switch decides from this (the engine to drain and to roll back to, "unchanged", the versions in the report). The
+reads go through one seam, NodeReader, which the module builds from the other module_utils and tests replace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
+
+# a unit in these states runs (or is about to): its engine is one the switch drains and stops
+RUNNING_STATES = ("active", "activating", "reloading", "deactivating")
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "ExecStart")
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    """An engine as the node is asked about it."""
+    engine: str
+    unit: str
+    url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    executable: str | None = None  # its configured executable, whose version is read whether it runs or not
+    completion: bool = False  # its readiness answer includes a one-token completion
+
+    @classmethod
+    def from_params(cls, index: int, params: dict) -> EngineProbe:
+        if params.get("engine") not in ("vllm", "sglang"):
+            raise InvalidInput(f"engines[{index}].engine: {params.get('engine')!r} is not vllm or sglang")
+        if not params.get("unit"):
+            raise InvalidInput(f"engines[{index}] ({params['engine']}): give its unit")
+        executable = params.get("executable") or None
+        if executable and not executable.startswith("/"):
+            raise InvalidInput(f"engines[{index}].executable: give an absolute path, got {executable}")
+        return cls(engine=params["engine"], unit=params["unit"], url=params.get("url") or None, model=params.get("model") or None,
+                   api_key=params.get("api_key") or None, executable=executable, completion=bool(params.get("completion")))
+
+
+class NodeReader:
+    """The seam: every read of the node. The module implements it; tests replace it."""
+
+    def units(self, units: list[str]) -> dict[str, dict[str, str]]:
+        """UNIT_PROPERTIES of each unit, in one `systemctl show`."""
+        raise NotImplementedError
+
+    def version(self, engine: str, executable: str) -> tuple[str | None, str | None]:
+        """(version, None) or (None, why not)."""
+        raise NotImplementedError
+
+    def serves(self, probe: EngineProbe) -> dict:
+        """Its readiness answer now, with no wait: {ready, ...}; {ready: False, msg} when it cannot answer."""
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+
+def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader) -> dict:
+    """Per engine: unit, load/active/unit-file state, running, enabled, installed, the argv it was started with, the
+    versions of its running and configured executables (with why not), and - for a running engine with a URL -
+    whether it serves now. Then which of ``paths`` exist."""
+    names = [probe.engine for probe in engines]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InvalidInput(f"engines: {', '.join(twice)} given more than once")
+    states = reader.units([probe.unit for probe in engines]) if engines else {}
+    found: dict = {}
+    for probe in engines:
+        properties = states.get(probe.unit) or {}
+        running = properties.get("ActiveState") in RUNNING_STATES
+        argv = exec_start_argv(properties.get("ExecStart")) if running else []
+        versions, reasons = {}, {}
+        for executable in dict.fromkeys(argv[:1] + ([probe.executable] if probe.executable else [])):
+            versions[executable], reason = reader.version(probe.engine, executable)
+            if reason:
+                reasons[executable] = reason
+        answer = reader.serves(probe) if running and probe.url else None
+        found[probe.engine] = {
+            "unit": probe.unit,
+            "load_state": properties.get("LoadState"),
+            "active_state": properties.get("ActiveState"),
+            "unit_file_state": properties.get("UnitFileState"),
+            "installed": properties.get("LoadState") == "loaded",
+            "running": running,
+            "enabled": properties.get("UnitFileState") == "enabled",
+            "argv": argv,
+            "versions": versions,
+            "version_reasons": reasons,
+            "serving": bool(answer and answer.get("ready")),
+            "readiness": answer,
+        }
+    return {"engines": found, "paths": {path: reader.exists(path) for path in dict.fromkeys(paths)}}

@@ -1,0 +1,177 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_observe
+short_description: Read in one step which inference engines a node has, runs, starts at boot and serves, and their versions
+version_added: 0.5.0
+description:
+  - For each engine of O(engines), reads its systemd unit (loaded, running, enabled at boot, the command it was
+    started with) in one C(systemctl show); the version of the executable a running unit runs and of the engine's
+    configured O(engines[].executable), from their Python environments' package metadata as
+    M(gpufleet.serving.engine_version) reads them; and, for a running engine, whether it serves now, as
+    M(gpufleet.serving.engine_ready) with no wait answers (health, the model listed, and with
+    O(engines[].completion) a one-token completion).
+  - Then whether each path of O(paths) exists.
+  - Changes nothing. C(playbooks/switch_engine.yml) decides from this which engine to drain and roll back to, and
+    whether a node already serves its target; one module run instead of one per read keeps a rerun that has nothing
+    to do short.
+author:
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.serving.attributes
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; the same reads as a normal run.
+options:
+  engines:
+    description: The engines to read, each at most once.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      engine:
+        description: V(vllm) or V(sglang).
+        type: str
+        required: true
+        choices: [vllm, sglang]
+      unit:
+        description: Its systemd unit.
+        type: str
+        required: true
+      url:
+        description: Its base URL on the node; without it, readiness is not asked.
+        type: str
+      model:
+        description: The model name it serves (readiness checks it is listed).
+        type: str
+      api_key:
+        description: Its API key, for the readiness probes.
+        type: str
+      executable:
+        description: Its configured executable (absolute path), whose version is read whether the unit runs or not.
+        type: str
+      completion:
+        description: Readiness includes a one-token completion.
+        type: bool
+        default: false
+  paths:
+    description: Paths whose existence is reported (marks an earlier run may have left).
+    type: list
+    elements: path
+    default: []
+  timeout:
+    description: Seconds each version read and each readiness request may take.
+    type: float
+    default: 10
+requirements:
+  - systemd
+notes:
+  - An engine whose unit is not installed is reported with C(installed=false), not as an error.
+seealso:
+  - module: gpufleet.serving.engine_version
+  - module: gpufleet.serving.engine_ready
+"""
+
+EXAMPLES = r"""
+- name: What runs here, and does it serve?
+  gpufleet.serving.engine_observe:
+    engines:
+      - {engine: vllm, unit: vllm.service, url: "http://127.0.0.1:8000", model: llama70b, completion: true}
+      - {engine: sglang, unit: sglang.service, url: "http://127.0.0.1:30000", model: llama70b}
+    paths: [/var/lib/gpufleet/rollback/staged]
+  register: observed
+
+- name: Serving engines
+  ansible.builtin.debug:
+    msg: "{{ observed.engines | dict2items | selectattr('value.serving') | map(attribute='key') | list }}"
+"""
+
+RETURN = r"""
+engines:
+  description:
+    - By engine - C(unit); C(load_state), C(active_state), C(unit_file_state) as systemd says them; C(installed) (the
+      unit is loaded), C(running) (active, activating, reloading or deactivating), C(enabled) (starts at boot);
+      C(argv), the words of its C(ExecStart=) while it runs; C(versions) by executable (null where none could be
+      read) and C(version_reasons) why not; C(serving) and C(readiness), its readiness answer (null when not
+      running).
+  returned: always
+  type: dict
+  sample:
+    vllm: {unit: vllm.service, load_state: loaded, active_state: active, unit_file_state: enabled, installed: true, running: true,
+           enabled: true, argv: [/opt/vllm/0.33.0/bin/vllm, serve, /models/m], versions: {/opt/vllm/0.33.0/bin/vllm: 0.33.0},
+           version_reasons: {}, serving: true, readiness: {ready: true, elapsed: 0.04}}
+paths:
+  description: Whether each of O(paths) exists, by path.
+  returned: always
+  type: dict
+  sample: {/var/lib/gpufleet/rollback/staged: false}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
+from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
+
+ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
+                      url=dict(type="str"), model=dict(type="str"), api_key=dict(type="str", no_log=True), executable=dict(type="str"),
+                      completion=dict(type="bool", default=False))
+ARGUMENT_SPEC = dict(
+    engines=dict(type="list", elements="dict", required=True, options=ENGINE_OPTIONS),
+    paths=dict(type="list", elements="path", default=[]),
+    timeout=dict(type="float", default=10),
+)
+
+
+class Node(observe.NodeReader):
+    """The reads, through the collection's systemctl seam, version reader and readiness probe."""
+
+    def __init__(self, module: AnsibleModule):
+        self.systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+        self.timeout = module.params["timeout"]
+
+    def units(self, units: list[str]) -> dict[str, dict[str, str]]:
+        return self.systemctl.show_units(units, observe.UNIT_PROPERTIES)
+
+    def version(self, engine: str, executable: str) -> tuple[str | None, str | None]:
+        return versions.installed_version(engine, executable, self.timeout)
+
+    def serves(self, probe: observe.EngineProbe) -> dict:
+        request = readiness.ReadyRequest(engine=probe.engine, url=probe.url, model=probe.model or "", api_key=probe.api_key, unit=probe.unit,
+                                         timeout=0, interval=1, completion=probe.completion, min_spec_acceptance=None, probe_requests=1)
+        try:
+            return readiness.wait_ready(request, http.HttpClient(probe.url, probe.api_key, timeout=self.timeout), self.systemctl.unit_state)
+        except Error as exc:  # it exited while starting: it serves no one
+            return dict(exc.context, ready=False, msg=exc.msg)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        if module.params["timeout"] <= 0:
+            raise observe.InvalidInput(f"timeout: must be greater than 0, got {module.params['timeout']:g}")
+        engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
+        result = observe.observe(engines, module.params["paths"], Node(module))
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
