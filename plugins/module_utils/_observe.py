@@ -65,11 +65,21 @@ class NodeReader:
     def exists(self, path: str) -> bool:
         raise NotImplementedError
 
+    def user(self, name: str) -> dict:
+        """{exists, home, shell, groups (supplementary, by name)}."""
+        raise NotImplementedError
 
-def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader) -> dict:
+    def device(self, path: str) -> dict:
+        """{exists, group, mode ('0660')}."""
+        raise NotImplementedError
+
+
+def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, users: list[str] | None = None,
+            devices: list[str] | None = None) -> dict:
     """Per engine: unit, load/active/unit-file state, running, enabled, installed, the argv it was started with, the
     versions of its running and configured executables (with why not), and - for a running engine with a URL -
-    whether it serves now. Then which of ``paths`` exist."""
+    whether it serves now. Then which of ``paths`` exist, the ``users`` as they are (an engine's own user) and the
+    ``devices``' group and mode (whether that user needs the devices' group)."""
     names = [probe.engine for probe in engines]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -100,4 +110,6 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader) ->
             "serving": bool(answer and answer.get("ready")),
             "readiness": answer,
         }
-    return {"engines": found, "paths": {path: reader.exists(path) for path in dict.fromkeys(paths)}}
+    return {"engines": found, "paths": {path: reader.exists(path) for path in dict.fromkeys(paths)},
+            "users": {name: reader.user(name) for name in dict.fromkeys(users or [])},
+            "devices": {path: reader.device(path) for path in dict.fromkeys(devices or [])}}

@@ -67,6 +67,17 @@ options:
     type: list
     elements: path
     default: []
+  users:
+    description: Users whose account is reported (an engine's own user, which the switch creates only when it is not as
+      its role would make it).
+    type: list
+    elements: str
+    default: []
+  devices:
+    description: Device files whose group and mode are reported (C(/dev/nvidiactl)).
+    type: list
+    elements: path
+    default: []
   timeout:
     description: Seconds each version read and each readiness request may take.
     type: float
@@ -113,9 +124,22 @@ paths:
   returned: always
   type: dict
   sample: {/var/lib/gpufleet/rollback/staged: false}
+users:
+  description: By user of O(users) - C(exists), C(home), C(shell), C(groups) (supplementary, by name).
+  returned: always
+  type: dict
+  sample: {vllm: {exists: true, home: /var/lib/vllm, shell: /usr/sbin/nologin, groups: [video]}}
+devices:
+  description: By path of O(devices) - C(exists), C(group), C(mode) (octal string).
+  returned: always
+  type: dict
+  sample: {/dev/nvidiactl: {exists: true, group: video, mode: "0660"}}
 """
 
+import grp
 import os
+import pwd
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -132,6 +156,8 @@ ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "s
 ARGUMENT_SPEC = dict(
     engines=dict(type="list", elements="dict", required=True, options=ENGINE_OPTIONS),
     paths=dict(type="list", elements="path", default=[]),
+    users=dict(type="list", elements="str", default=[]),
+    devices=dict(type="list", elements="path", default=[]),
     timeout=dict(type="float", default=10),
 )
 
@@ -160,6 +186,25 @@ class Node(observe.NodeReader):
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def user(self, name: str) -> dict:
+        try:
+            account = pwd.getpwnam(name)
+        except KeyError:
+            return {"exists": False, "home": None, "shell": None, "groups": []}
+        groups = sorted(group.gr_name for group in grp.getgrall() if name in group.gr_mem)
+        return {"exists": True, "home": account.pw_dir, "shell": account.pw_shell, "groups": groups}
+
+    def device(self, path: str) -> dict:
+        try:
+            status = os.stat(path)
+        except OSError:
+            return {"exists": False, "group": None, "mode": None}
+        try:
+            group = grp.getgrgid(status.st_gid).gr_name
+        except KeyError:
+            group = str(status.st_gid)
+        return {"exists": True, "group": group, "mode": f"{stat.S_IMODE(status.st_mode):04o}"}
+
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
@@ -167,7 +212,7 @@ def main() -> None:
         if module.params["timeout"] <= 0:
             raise observe.InvalidInput(f"timeout: must be greater than 0, got {module.params['timeout']:g}")
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
-        result = observe.observe(engines, module.params["paths"], Node(module))
+        result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(changed=False, **result)

@@ -92,3 +92,18 @@ def observed(result: dict, names: list) -> dict:
             "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
             "versions": {name: dict(engines[name].get("versions") or {}) for name in names},
             "paths": dict(result.get("paths") or {})}
+
+
+def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> bool:
+    """Is the engine's own user already as engine_common's user entry point would make it? (Then the switch skips that
+    step.) Root, or a system user whose home is the state directory, with no login shell, in the devices' group where
+    the device files are not readable and writable by others."""
+    if not facts.get("dedicated_user"):
+        return True
+    account = (observed.get("users") or {}).get(facts.get("user")) or {}
+    if not account.get("exists") or account.get("home") != facts.get("state_directory") or account.get("shell") != "/usr/sbin/nologin":
+        return False
+    found = (observed.get("devices") or {}).get(device) or {}
+    if not found.get("exists") or int(found.get("mode") or "0", 8) % 8 >= 6:
+        return True
+    return found.get("group") in (account.get("groups") or [])

@@ -101,3 +101,31 @@ def test_the_switch_asks_for_the_targets_executable_and_completion_only():
     assert requests[1]["executable"] is None and not requests[1]["completion"] and requests[1]["model"] is None
     with pytest.raises(_switch.SwitchError, match="did not answer for sglang"):
         _switch.observed({"engines": {"vllm": {}}}, ["vllm", "sglang"])
+
+
+@pytest.mark.parametrize(("account", "device", "ready"), [
+    ({"exists": True, "home": "/var/lib/vllm", "shell": "/usr/sbin/nologin", "groups": []}, {"exists": True, "group": "video", "mode": "0666"}, True),
+    ({"exists": True, "home": "/var/lib/vllm", "shell": "/usr/sbin/nologin", "groups": ["video"]}, {"exists": True, "group": "video", "mode": "0660"}, True),
+    ({"exists": True, "home": "/var/lib/vllm", "shell": "/usr/sbin/nologin", "groups": []}, {"exists": True, "group": "video", "mode": "0660"}, False),
+    ({"exists": True, "home": "/home/vllm", "shell": "/usr/sbin/nologin", "groups": []}, {"exists": False}, False),
+    ({"exists": True, "home": "/var/lib/vllm", "shell": "/bin/bash", "groups": []}, {"exists": False}, False),
+    ({"exists": False}, {"exists": False}, False),
+])
+def test_the_switch_creates_the_engines_user_only_when_it_is_not_as_the_role_makes_it(account, device, ready):
+    facts = {"dedicated_user": True, "user": "vllm", "state_directory": "/var/lib/vllm"}
+    observed = {"users": {"vllm": account}, "devices": {"/dev/nvidiactl": device}}
+    assert _switch.user_ready(facts, observed) is ready
+    assert _switch.user_ready({"dedicated_user": False, "user": "root"}, {}) is True
+
+
+def test_users_and_devices_are_read_as_asked():
+    class WithAccounts(Reader):
+        def user(self, name):
+            return {"exists": name == "vllm", "home": "/var/lib/vllm", "shell": "/usr/sbin/nologin", "groups": []}
+
+        def device(self, path):
+            return {"exists": True, "group": "video", "mode": "0660"}
+
+    found = observe.observe([VLLM, SGLANG], [], WithAccounts(), users=["vllm", "nobody2"], devices=["/dev/nvidiactl"])
+    assert found["users"]["vllm"]["exists"] and not found["users"]["nobody2"]["exists"]
+    assert found["devices"] == {"/dev/nvidiactl": {"exists": True, "group": "video", "mode": "0660"}}
