@@ -12,6 +12,7 @@ ActiveState - and never end the module themselves: a failure is raised as an Err
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
@@ -59,8 +60,25 @@ class ReadyProbe:
     unit_state: str | None
 
 
-def wait_ready(request: ReadyRequest, client: http.HttpClient, unit_state=None, clock: Clock | None = None) -> dict:
-    """Poll until the engine serves or the deadline; the report. Raises EngineExited when its unit stops meanwhile."""
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)\b:? ?.*")
+# what an engine's log lines carry before the message: vLLM's "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] "
+LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:(?:ERROR|WARNING|INFO|CRITICAL) [\d-]+ [\d:.]+ \[[^]]*\] )?")
+
+
+def engine_said(lines: list[str]) -> str | None:
+    """The root cause an engine printed before it exited: the first exception line (`RuntimeError: ...`) of its last
+    start (the lines after systemd's last "Started"), without its log prefix; None when it printed none."""
+    starts = [index for index, line in enumerate(lines) if line.startswith(("Started ", "Starting "))]
+    for line in lines[starts[-1] + 1 if starts else 0:]:
+        text = LOG_PREFIX.sub("", line.strip())
+        if ERROR_LINE.match(text) and not text.startswith(("Traceback", "File ")):
+            return text[:400]
+    return None
+
+
+def wait_ready(request: ReadyRequest, client: http.HttpClient, unit_state=None, clock: Clock | None = None, journal=None) -> dict:
+    """Poll until the engine serves or the deadline; the report. Raises EngineExited when its unit stops meanwhile,
+    naming what the engine said last (``journal``: the unit's recent log lines) where it said something."""
     def probe() -> ReadyProbe:
         state = unit_state(request.unit) if request.unit and unit_state else None
         if state in EXITED_STATES:
@@ -71,8 +89,10 @@ def wait_ready(request: ReadyRequest, client: http.HttpClient, unit_state=None, 
                          clock=clock, stop_early=lambda found: found.readiness is None)
     found = outcome.value
     if found.readiness is None:
-        raise EngineExited(f"{request.unit} is {found.unit_state} {outcome.elapsed:.1f} s into this wait: the engine exited "
-                           f"(journalctl -u {request.unit})", ready=False, unit_state=found.unit_state, elapsed=outcome.elapsed)
+        said = engine_said(journal(request.unit)) if journal else None
+        raise EngineExited(f"{request.unit} is {found.unit_state} {outcome.elapsed:.1f} s into this wait: the engine exited"
+                           + (f"; it said: {said}" if said else "") + f" (journalctl -u {request.unit})",
+                           ready=False, unit_state=found.unit_state, elapsed=outcome.elapsed, engine_said=said)
     report = dict(ready=found.readiness.ready, checks=found.readiness.checks, waiting_for=found.readiness.waiting_for, elapsed=outcome.elapsed)
     if request.unit:
         report["unit_state"] = found.unit_state

@@ -204,6 +204,13 @@ class Systemctl:
         """Some properties of several units, in one call."""
         return parse_show_units(self._run("show", f"--property={','.join(properties)}", "--", *units), units)
 
+    def journal(self, unit: str, lines: int = 300) -> list[str]:
+        """The unit's last log lines, messages only ([] when journalctl cannot say)."""
+        journalctl = os.path.join(os.path.dirname(self.binary), "journalctl")
+        rc, out, _err = self.run_command([journalctl, "--unit", unit, "--lines", str(lines), "--output", "cat", "--no-pager", "--quiet"],
+                                         environ_update={"LC_ALL": "C", "LANG": "C", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"})
+        return out.splitlines() if rc == 0 else []
+
     def unit_file_state(self, unit: str) -> str:
         """enabled, disabled, static, ... as `systemctl is-enabled` reads the files now ('not-found' when none)."""
         argv = [self.binary, "is-enabled", "--", unit]

@@ -409,7 +409,8 @@ class Node(cutover.NodeOps):
                                          probe_requests=1)
         started = time.monotonic()
         try:
-            report = readiness.wait_ready(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.systemctl.unit_state)
+            report = readiness.wait_ready(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.systemctl.unit_state,
+                                          journal=self.systemctl.journal)
         except EngineExited as exc:
             raise cutover.NotServing(cutover.not_serving_message(engine, time.monotonic() - started, exc.context.get("unit_state"), exc.msg),
                                      **exc.context) from None

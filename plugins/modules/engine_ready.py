@@ -177,7 +177,9 @@ def main() -> None:
     try:
         request = readiness.ReadyRequest.from_params(module.params)
         client = http.HttpClient(request.url, request.api_key)
-        result = readiness.wait_ready(request, client, unit_state_reader(module) if request.unit else None)
+        systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if request.unit else None
+        result = readiness.wait_ready(request, client, unit_state_reader(module) if request.unit else None,
+                                      journal=systemctl.journal if systemctl else None)
         if result["ready"] and request.min_spec_acceptance is not None:
             result["spec_acceptance"] = readiness.check_acceptance(request, client, result)
         if result["ready"] and request.soak > 0:

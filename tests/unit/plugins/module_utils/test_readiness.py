@@ -44,6 +44,12 @@ def test_a_unit_that_exits_while_awaited_ends_the_wait_at_once_with_an_error():
         readiness.wait_ready(readiness.ReadyRequest.from_params(READY_PARAMS), ScriptedClient({}), lambda unit: next(states), clock=clock)
     assert raised.value.msg.startswith("vllm.service is auto-restart 2.0 s into this wait: the engine exited (journalctl -u vllm.service)")
     assert raised.value.context["unit_state"] == "auto-restart" and clock.now == 2.0, "the third reading ended it, not the deadline"
+    said = ["Started vllm.service.", "(APIServer pid=9) ERROR 12-02 18:32:00 [api.py:1] OSError: [Errno 28] No space left on device"]
+    with pytest.raises(EngineExited) as raised:
+        readiness.wait_ready(readiness.ReadyRequest.from_params(READY_PARAMS), ScriptedClient({}), lambda unit: "failed", clock=FakeClock(),
+                             journal=lambda unit: said)
+    assert "; it said: OSError: [Errno 28] No space left on device (journalctl -u vllm.service)" in raised.value.msg
+    assert raised.value.context["engine_said"] == "OSError: [Errno 28] No space left on device"
 
 
 def test_ready_and_not_ready_are_reports():
@@ -130,3 +136,24 @@ def test_taking_a_held_lease_raises_naming_the_holder_and_takes_nothing(tmp_path
     with pytest.raises(RequesterGone, match="whoever asked for the lease is gone"):
         lease.take(lease.LeaseRequest.from_params(dict(other, wait_timeout=5)), store, False, still_wanted=lambda: False)
     assert store.acquire("run-a", 60, 0).holder["owner"] == "run-a", "run-b took nothing"
+
+
+def test_what_the_engine_said_is_the_first_exception_line_of_its_last_start():
+    """The switch's reason for an engine that exited while starting names its root cause, from its journal."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._readiness import engine_said
+    journal = [
+        "Started vllm.service - vLLM.",
+        "ValueError: an older start's failure",
+        "vllm.service: Main process exited, code=exited, status=1/FAILURE",
+        "Started vllm.service - vLLM.",
+        "Failed to import from vllm._C: ImportError('libnuma.so.1: cannot open shared object file')",
+        "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] EngineCore failed to start.",
+        "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] Traceback (most recent call last):",
+        '(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510]   File "/opt/vllm/core.py", line 1482, in run_engine_core',
+        "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 62 MiB free.",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+        "vllm.service: Main process exited, code=exited, status=1/FAILURE",
+    ]
+    assert engine_said(journal) == "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 62 MiB free."
+    assert engine_said(["Started x.service.", "INFO 12-02 18:32:00 [api.py:1] loading", "x.service: Failed with result 'exit-code'."]) is None
+    assert engine_said(["safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"]).startswith("safetensors_rust.SafetensorError")
