@@ -62,7 +62,7 @@ class ReadyProbe:
 
 ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)\b:? ?.*")
 # what an engine's log lines carry before the message: vLLM's "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] "
-LOG_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:(?:ERROR|WARNING|INFO|CRITICAL) [\d-]+ [\d:.]+ \[[^]]*\] )?")
+LOG_PREFIX = re.compile(r"^(?:\([\w-]+ pid=\d+\) )?(?:(?:ERROR|WARNING|INFO|CRITICAL) [\d-]+ [\d:.]+ \[[^]]*\] )?")
 
 
 def engine_said(lines: list[str]) -> str | None:

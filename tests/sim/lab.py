@@ -44,8 +44,9 @@ MODEL_MIB = int(os.environ.get("GPUFLEET_LAB_MODEL_MIB") or 64)
 ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, published on 127.0.0.1 with --http-port
 RECIPE_VERSION = "3"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
+# libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
-            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo"]
+            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo", "libnuma1"]
 # The simulated library is compiled into the image (its source is part of the image's hash); the Python side of
 # the simulation (engine doubles, node setup, helpers) is this checkout's tests/ directory, mounted read-only at
 # NODE_TESTS, so that nodes always run the code under test.
@@ -53,7 +54,9 @@ LIBRARY_SOURCE = HERE / "nvml" / "sim_nvml.c"
 NODE_TESTS = "/opt/gpufleet-tests"
 NODE_WHEELS = "/opt/gpufleet-wheels"  # an offline wheel directory, as air-gapped fleets have
 NODE_COLLECTION = "/opt/gpufleet-collection"  # the modules, importable on a node for benchmarks that run them directly
-RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+# --shm-size: a real vLLM's processes share 160 MiB and more through /dev/shm (podman's default is 64 MiB)
+RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+               "--shm-size", "1g"]
 
 VLLM_WRAPPER = """#!/bin/sh
 # Test double of vLLM's CLI: `vllm serve MODEL ...`, `vllm --version` (the simulated lab's engine, not vLLM)

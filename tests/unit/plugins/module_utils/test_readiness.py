@@ -147,6 +147,7 @@ def test_what_the_engine_said_is_the_first_exception_line_of_its_last_start():
         "vllm.service: Main process exited, code=exited, status=1/FAILURE",
         "Started vllm.service - vLLM.",
         "Failed to import from vllm._C: ImportError('libnuma.so.1: cannot open shared object file')",
+        "(VllmWorker-0 pid=472) ERROR 12-02 18:36:02 [multiproc_executor.py:953] WorkerProc failed to start.",
         "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] EngineCore failed to start.",
         "(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510] Traceback (most recent call last):",
         '(EngineCore pid=240) ERROR 12-02 18:32:00 [core.py:1510]   File "/opt/vllm/core.py", line 1482, in run_engine_core',
@@ -155,5 +156,8 @@ def test_what_the_engine_said_is_the_first_exception_line_of_its_last_start():
         "vllm.service: Main process exited, code=exited, status=1/FAILURE",
     ]
     assert engine_said(journal) == "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 62 MiB free."
+    worker = ["Started vllm.service.", "(VllmWorker-0 pid=472) ERROR 12-02 18:36:02 [multiproc_executor.py:953] AttributeError: no 'init_cpu_memory_env'",
+              "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert engine_said(worker) == "AttributeError: no 'init_cpu_memory_env'", "a worker's prefix (a name with a dash) is dropped too"
     assert engine_said(["Started x.service.", "INFO 12-02 18:32:00 [api.py:1] loading", "x.service: Failed with result 'exit-code'."]) is None
     assert engine_said(["safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"]).startswith("safetensors_rust.SafetensorError")
