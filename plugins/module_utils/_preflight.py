@@ -18,6 +18,7 @@ import pwd
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
 CHECKS = ("executable", "model", "gpus", "port", "disk")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -94,7 +95,8 @@ def check_executable(request: Request, returncode: int | None, output: str) -> C
     if returncode != 0:
         return Check("executable", False, f"{command} exited {returncode}: {lines[-1] if lines else 'no output'}")
     found = lines[-1] if lines else ""
-    if request.version and found != request.version:
+    # a local build of the pin counts (vLLM's CPU build reports 0.32.0+cpu for the pin 0.32.0)
+    if request.version and not matches_pin(found or None, request.version):
         return Check("executable", False, f"{command} reports {found or 'no version'}, the pinned version is {request.version}")
     return Check("executable", True, f"{request.engine} {found or '(no version printed)'}")
 

@@ -301,11 +301,16 @@ def real_vllm_settings() -> list[str]:
         # torchvision nor torchaudio nor torchcodec, whose CUDA builds its dependencies bring and which fail to load
         f"vllm_pip_extra_packages=['vllm=={real.VERSION}+cpu']", "vllm_pip_remove=['torchvision','torchaudio','torchcodec']",
         f"vllm_pip_extra_args='--no-index --find-links {real.NODE_WHEELS}'",
-        # 1 GiB of KV cache in host memory; no hub; no usage report; a context that fits the tiny model
+        # 1 GiB of KV cache in host memory; no hub; no usage report; the tiny model's context; eager mode (the fastest
+        # start on a CPU) in float32
         "vllm_environment={'VLLM_CPU_KVCACHE_SPACE': '1', 'HF_HUB_OFFLINE': '1', 'VLLM_NO_USAGE_STATS': '1'}",
-        "vllm_max_model_len=256", "vllm_extra_args=['--enforce-eager', '--dtype', 'float32']",
-        # running requests finish before the server exits (the default, 0, aborts them)
-        "vllm_shutdown_timeout=30", "vllm_ready_timeout=400",
+        "vllm_max_model_len=512", "vllm_extra_args=['--enforce-eager', '--dtype', 'float32']",
+        # one sequence at a time (the tiny model makes 480 tokens in 1.7 s): requests queue, so that a switch meets
+        # running and waiting ones, as a busy GPU node's does
+        "vllm_max_num_seqs=1",
+        # requests running at SIGTERM finish before the server exits (the default, 0, aborts them); vLLM's generation
+        # takes both cores from the controller here, so a queue of a minute or two is what a switch can meet
+        "vllm_shutdown_timeout=120", "vllm_ready_timeout=400",
         f"sglang_model={model}", "sglang_served_model_name=tiny-llama", "sglang_tensor_parallel_size=1",
         "sglang_shutdown_timeout=10", "sglang_ready_timeout=300",
         "sglang_read_write_paths=['/run/gpufleet-sim']", "sglang_sandbox={'ProtectProc': ''}",

@@ -41,6 +41,7 @@ def test_executable_and_pinned_version():
     pinned = request(version="0.33.0")
     wrong = check_executable(pinned, 0, "0.32.1\n")
     assert not wrong.passed and wrong.detail == "/usr/local/bin/vllm --version reports 0.32.1, the pinned version is 0.33.0"
+    assert check_executable(request(version="0.32.0"), 0, "0.32.0+cpu\n").passed, "a local build of the pin (vLLM's CPU build) is the pin"
     missing = check_executable(pinned, None, "/usr/local/bin/vllm does not exist")
     assert not missing.passed and "does not exist" in missing.detail
     crashed = check_executable(pinned, 1, "Traceback\nImportError: libcudart.so.12\n")
