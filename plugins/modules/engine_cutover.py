@@ -126,9 +126,10 @@ options:
     type: float
     default: 120
   stop_grace:
-    description: Seconds on SIGTERM for an engine the drain found idle (and for a failed target in the rollback).
+    description: Seconds on SIGTERM for an engine the drain found idle (and for a failed target in the rollback); a real
+      vLLM exits idle in about 5 s.
     type: float
-    default: 5
+    default: 15
   stop_timeout:
     description: Seconds on SIGTERM for an engine still busy at the end of the drain, or one that did not answer it.
     type: float
@@ -319,7 +320,7 @@ ARGUMENT_SPEC = dict(
     boot=dict(type="bool", default=False),
     restore=dict(type="list", elements="dict", default=[], options=dict(src=dict(type="path", required=True), dest=dict(type="path", required=True))),
     drain_timeout=dict(type="float", default=120),
-    stop_grace=dict(type="float", default=5),
+    stop_grace=dict(type="float", default=15),
     stop_timeout=dict(type="float", default=90),
     kill_timeout=dict(type="float", default=30),
     term_timeout=dict(type="float", default=30),

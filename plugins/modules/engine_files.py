@@ -14,7 +14,7 @@ description:
   - Compares each file of O(files) - content, mode, owner, group - with what is on the node, writes those that differ
     (whole, to a temporary file beside it renamed into place, its mode and owner set first), and runs one
     C(systemctl daemon-reload) when a file marked O(files[].reload) changed.
-  - One module run for what would otherwise be a copy or template task per file and a reload: the engine roles write
+  - One module run for what would otherwise be a copy or template task per file and a reload. The engine roles write
     an engine's unit and secrets file with it, and C(playbooks/switch_engine.yml) stages the target's files with it
     before the drain.
   - Missing parent directories are created, owned by root, with O(directory_mode).

@@ -330,6 +330,9 @@ def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int 
               "ansible_python_interpreter=/usr/bin/python3", "ansible_pipelining=true", f"gpu_teardown_expected_gpu_count={gpus}",
               # the doubles crash only when told to (crash_after_ready_seconds): a short soak keeps the lab's runs quick
               "switch_engine_soak_seconds=3",
+              # the doubles exit at once unless a test makes them hang: one that hangs is SIGKILLed after 5 s (the
+              # role's default, 15 s, leaves room for a real vLLM's idle exit, about 5 s)
+              *([] if real_vllm else ["switch_engine_stop_grace=5"]),
               *(real_vllm_settings() if real_vllm else engine_settings(gpus, bool(http_port)))]
     (BUILD / "inventory.ini").write_text("\n".join(lines) + "\n")
 
