@@ -13,7 +13,7 @@ help:
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
 	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs, < 20 min)"
-	@echo "make test-all  make test, then the scenarios too long for the gate (DRILL_SCENARIOS; none today)"
+	@echo "make test-all  make test, then the scenarios too long for the gate (DRILL_SCENARIOS: real_vllm, vLLM's real CPU build)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
@@ -97,9 +97,10 @@ molecule:
 # CI's gate, under 20 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then every
 # Molecule scenario in two lanes (starting while the checks finish) - the drills too: an operator's faults (concurrent
 # runs, reboot, Ctrl-C in each phase, a node lost, the rollback's own failures), a switch under load through HAProxy,
-# pinned pip installs. make test-all adds what does not fit the gate's time (DRILL_SCENARIOS; none today).
+# pinned pip installs. make test-all adds what does not fit the gate's time (DRILL_SCENARIOS): real_vllm, vLLM's real
+# CPU build installed, served, drained, refused a broken model and switched (about 900 MB of wheels fetched once).
 GATE_SCENARIOS := engine_install engine_units switch_engine switch_faults switch_readme switch_traffic teardown_faults teardown_units
-DRILL_SCENARIOS :=
+DRILL_SCENARIOS := real_vllm
 
 test:
 	$(MAKE) --no-print-directory --output-sync=target -j4 molecule-gate checks unit

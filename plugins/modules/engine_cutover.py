@@ -103,7 +103,7 @@ options:
       - Leave only the engine that serves at the end enabled at boot among O(units) - the target, set while it loads,
         or after a rollback the previous engine (none when there was none) - so that a node rebooted at any moment
         after the cutover starts the engine it served. Units already as they should be are not touched.
-      - A failure here does not roll back: the engine serves, RV(boot_error) says what could not be set.
+      - A failure here does not roll back (the engine serves); RV(boot_error) says what could not be set.
     type: bool
     default: false
   restore:

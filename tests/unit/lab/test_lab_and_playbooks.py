@@ -85,7 +85,8 @@ def test_molecule_lanes_hold_every_scenario_once_longest_first_onto_the_lightest
         return sum(run_molecule.EXPECTED_SECONDS.get(name, run_molecule.DEFAULT_SECONDS) for name in lane)
 
     # the two longest scenarios never share a lane; the lanes differ by less than the longest scenario
-    assert {plan[0][0], plan[1][0]} == {"switch_faults", "switch_engine"}
+    longest = sorted(names, key=lambda name: -run_molecule.EXPECTED_SECONDS.get(name, run_molecule.DEFAULT_SECONDS))[:2]
+    assert {plan[0][0], plan[1][0]} == set(longest)
     assert abs(load(plan[0]) - load(plan[1])) < max(run_molecule.EXPECTED_SECONDS.values())
     assert run_molecule.plan_lanes(["new_scenario"], 2) == [["new_scenario"]]
     assert run_molecule.plan_lanes(names, 1) == [sorted(names, key=lambda n: (-run_molecule.EXPECTED_SECONDS.get(n, 120), n))]
