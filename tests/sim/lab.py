@@ -255,7 +255,8 @@ def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None,
         port = FIRST_SSH_PORT + index - 1
         publish = ["-p", f"127.0.0.1:{http_port + index - 1}:{ENGINE_PORT}"] if http_port else []
         if real_vllm:
-            publish += ["-v", f"{real.WHEELS}:{real.NODE_WHEELS}:ro", "-v", f"{real.MODELS}:{real.NODE_MODELS}:ro"]
+            publish += ["-v", f"{real.WHEELS}:{real.NODE_WHEELS}:ro", "-v", f"{real.MODELS}:{real.NODE_MODELS}:ro",
+                        "-v", f"{real.DROP_IN}:{real.NODE_DROP_IN}:ro"]
         run(["podman", "run", "-d", "--name", CONTAINER_PREFIX + name, "--hostname", name, *RUN_OPTIONS,
              "-p", f"127.0.0.1:{port}:22", *publish, "-v", f"{config_dir}:/etc/gpufleet-sim:rw", "-v", f"{models}:/models:ro",
              "-v", f"{key}.pub:/root/.ssh/authorized_keys:ro", "-v", f"{REPO / 'tests'}:{NODE_TESTS}:ro",

@@ -34,6 +34,16 @@ import engine_wheels  # noqa: E402
 import tiny_llama  # noqa: E402
 
 
+# The lab's nodes share the controller's two cores: vLLM's CPU build computes on them, so the lab gives it one core
+# (a unit drop-in, beside the unit the role writes), and the controller and the modules on the node keep the other.
+DROP_IN = ROOT / "vllm.service.d"
+NODE_DROP_IN = "/etc/systemd/system/vllm.service.d"
+ONE_CORE = """# gpufleet lab: vLLM's CPU build computes on the cores the controller needs too; it gets one of them
+[Service]
+CPUQuota=100%
+"""
+
+
 def complete() -> bool:
     return (WHEELS / ".complete").exists() and (MODELS / tiny_llama.NAME / ".complete").exists()
 
@@ -46,6 +56,8 @@ def ensure() -> None:
         engine_wheels.metadata_only(WHEELS, "vllm", f"{VERSION}+cpu")
         (WHEELS / ".complete").write_text("")
     tiny_llama.ensure(MODELS)
+    DROP_IN.mkdir(parents=True, exist_ok=True)
+    (DROP_IN / "lab-one-core.conf").write_text(ONE_CORE)
 
 
 def main(argv: list[str]) -> None:
