@@ -33,7 +33,6 @@ sys.path.insert(0, str(HERE))
 import engine_wheels  # noqa: E402
 import tiny_llama  # noqa: E402
 
-
 # The lab's nodes share the controller's two cores: vLLM's CPU build computes on them, so the lab gives it one core
 # (a unit drop-in, beside the unit the role writes), and the controller and the modules on the node keep the other.
 DROP_IN = ROOT / "vllm.service.d"
