@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files
 
-.PHONY: help setup os-setup demo demo-modules bench stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-real demo-modules bench stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
+	@echo "make demo-real  a lab node switched between a real vLLM (PyPI's CPU build, about 900 MB fetched once) and the SGLang double"
 	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs, < 20 min)"
 	@echo "make test-all  make test, then the scenarios too long for the gate (DRILL_SCENARIOS: real_vllm, vLLM's real CPU build)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
@@ -21,7 +22,7 @@ help:
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
-	@echo "make lab-up [NODES=3 GPUS=8] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1)"
+	@echo "make lab-up [NODES=3 GPUS=8 REAL_VLLM=1] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1; REAL_VLLM: vLLM's real CPU build)"
 
 $(BIN)/python: | os-setup
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,10 @@ setup: os-setup $(BIN)/python
 demo:
 	@test -x $(BIN)/ansible-playbook || { echo "make demo needs the tools of make setup: run make setup (as root) first"; exit 1; }
 	$(BIN)/python tests/sim/demo/run_fleet_demo.py
+
+demo-real:
+	@test -x $(BIN)/ansible-playbook || { echo "make demo-real needs the tools of make setup: run make setup (as root) first"; exit 1; }
+	$(BIN)/python tests/sim/demo/run_real_demo.py
 
 demo-modules:
 	$(BIN)/python tests/sim/demo/run_modules_demo.py
@@ -85,7 +90,7 @@ NODES ?= 3
 GPUS ?= 8
 
 lab-up:
-	$(BIN)/python tests/sim/lab.py up --nodes $(NODES) --gpus $(GPUS)
+	$(BIN)/python tests/sim/lab.py up --nodes $(NODES) --gpus $(GPUS) $(if $(REAL_VLLM),--real-vllm)
 
 lab-down:
 	$(BIN)/python tests/sim/lab.py down

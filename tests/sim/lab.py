@@ -243,8 +243,9 @@ def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None,
     key = ssh_key()
     names = node_names(count)
     inventory = BUILD / "inventory.ini"
-    if (reuse and running_nodes() == sorted(names) and inventory.exists() and f"_tensor_parallel_size={gpus}" in inventory.read_text()
-            and ("vllm_package=" in inventory.read_text()) == real_vllm):
+    text = inventory.read_text() if inventory.exists() else ""
+    if (reuse and running_nodes() == sorted(names) and (real_vllm or f"_tensor_parallel_size={gpus}" in text)
+            and ("vllm_package=" in text) == real_vllm):
         wait_ready(names, key)
         print(f"lab up: reusing {count} running node(s), inventory {inventory}")
         return False
