@@ -34,12 +34,14 @@ import engine_wheels  # noqa: E402
 import tiny_llama  # noqa: E402
 
 # The lab's nodes share the controller's two cores: vLLM's CPU build computes on them, so the lab gives it one core
-# (a unit drop-in, beside the unit the role writes), and the controller and the modules on the node keep the other.
+# (a unit drop-in, beside the unit the role writes: CPU affinity, which needs no cgroup controller - systemd in the
+# lab's containers is not given the cpu controller, so CPUQuota= would not hold), and the controller and the modules
+# on the node keep the other.
 DROP_IN = ROOT / "vllm.service.d"
 NODE_DROP_IN = "/etc/systemd/system/vllm.service.d"
 ONE_CORE = """# gpufleet lab: vLLM's CPU build computes on the cores the controller needs too; it gets one of them
 [Service]
-CPUQuota=100%
+CPUAffinity=0
 """
 
 
