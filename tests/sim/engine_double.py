@@ -113,6 +113,8 @@ class Settings:
             self.drain_timeout = float(args.shutdown_timeout or 0)
             self.metrics = True
             self.context = int(args.max_model_len) if args.max_model_len and str(args.max_model_len).isdigit() else 32768
+            # the real vLLM runs at most this many sequences at once and counts the rest as waiting (seen on its CPU build)
+            self.max_sequences = int(args.max_num_seqs) if args.max_num_seqs and str(args.max_num_seqs).isdigit() else None
         else:
             self.model = args.model_path
             if not self.model:
@@ -127,6 +129,7 @@ class Settings:
             self.drain_timeout = None  # unbounded, as SGLang's sigterm_watchdog
             self.metrics = bool(args.enable_metrics)
             self.context = int(args.context_length) if args.context_length and str(args.context_length).isdigit() else 32768
+            self.max_sequences = None
 
 
 class Server:
@@ -254,7 +257,8 @@ class Server:
         spec = self.spec
         if self.settings.engine == "vllm":
             labels = f'{{model_name="{name}",engine="0"}}'
-            lines = [f"vllm:num_requests_running{labels} {self.running}", f"vllm:num_requests_waiting{labels} 0",
+            running = min(self.running, self.settings.max_sequences or self.running)
+            lines = [f"vllm:num_requests_running{labels} {running}", f"vllm:num_requests_waiting{labels} {self.running - running}",
                      f"vllm:kv_cache_usage_perc{labels} 0.0"]
             if self.settings.speculative:
                 lines += [f"vllm:spec_decode_num_drafts_total{labels} {spec['drafts']}",

@@ -198,3 +198,35 @@ def test_model_files_made_once_when_labs_start_side_by_side(tmp_path):
     outputs = [run.communicate()[0].strip() for run in runs]
     assert [run.returncode for run in runs] == [0, 0, 0] and set(outputs) == {str(tmp_path / "16m")}
     assert sorted(path.name for path in tmp_path.iterdir()) == [".lock", "16m"], "no partial directory left"
+
+
+def test_the_vllm_double_counts_requests_beyond_max_num_seqs_as_waiting_as_the_real_engine_does():
+    """The real vLLM (its CPU build, real_vllm) runs --max-num-seqs at once and reports the rest as waiting."""
+    import engine_cli
+    import engine_double
+
+    settings = engine_double.Settings("vllm", engine_cli.parse("vllm", ["/m", "--max-num-seqs", "1"]))
+    server = engine_double.Server(settings, {})
+    server.running = 5
+    lines = server.metrics().splitlines()
+    assert any(line.startswith("vllm:num_requests_running{") and line.endswith(" 1") for line in lines)
+    assert any(line.startswith("vllm:num_requests_waiting{") and line.endswith(" 4") for line in lines)
+    unbounded = engine_double.Server(engine_double.Settings("vllm", engine_cli.parse("vllm", ["/m"])), {})
+    unbounded.running = 5
+    assert any(line.startswith("vllm:num_requests_running{") and line.endswith(" 5") for line in unbounded.metrics().splitlines())
+
+
+def test_the_tiny_llama_is_a_valid_checkpoint_made_once(tmp_path):
+    """What real vLLM loads in real_vllm: one safetensors file whose tensors are the Llama's, in float32."""
+    import tiny_llama
+
+    model = tiny_llama.ensure(tmp_path)
+    data = (model / "model.safetensors").read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    shapes = {name: tensor["shape"] for name, tensor in header.items() if name != "__metadata__"}
+    assert shapes == tiny_llama.tensor_shapes() and all(tensor["dtype"] == "F32" for name, tensor in header.items() if name != "__metadata__")
+    assert 8 + length + max(t["data_offsets"][1] for n, t in header.items() if n != "__metadata__") == len(data)
+    vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
+    assert len(vocab) == 260 and max(vocab.values()) < json.loads((model / "config.json").read_text())["vocab_size"]
+    assert tiny_llama.ensure(tmp_path) == model and (model / ".complete").exists()
