@@ -123,8 +123,8 @@ def main() -> None:
     try:
         wanted = [files.WantedFile.from_params(item) for item in module.params["files"]]
         directory_mode = files.parse_mode("directory_mode", module.params["directory_mode"])
-        systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if any(w.reload for w in wanted) else None
-        result = files.converge(wanted, directory_mode, module.check_mode, lambda: systemctl.daemon_reload())
+        reload = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)).daemon_reload if any(w.reload for w in wanted) else None
+        result = files.converge(wanted, directory_mode, module.check_mode, reload)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     except OSError as exc:

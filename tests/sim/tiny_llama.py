@@ -53,7 +53,7 @@ def write_safetensors(path: Path, seed: int = 0) -> None:
         count = 1
         for size in shape:
             count *= size
-        values = array.array("f", [1.0] * count if name.endswith("norm.weight") else (generator.uniform(-0.05, 0.05) for _ in range(count)))
+        values = array.array("f", [1.0] * count if name.endswith("norm.weight") else (generator.uniform(-0.05, 0.05) for _index in range(count)))
         if sys.byteorder != "little":
             values.byteswap()
         blob = values.tobytes()
