@@ -280,6 +280,7 @@ class KillPlan:
     ambiguous: list[dict] = field(default_factory=list)
     outside: list[dict] = field(default_factory=list)  # outside the units being stopped, left alone (report) or refused (fail)
     restarting: list[dict] = field(default_factory=list)  # in another service systemd would restart: refused
+    foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 

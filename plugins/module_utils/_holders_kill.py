@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import time
 from collections.abc import Callable
@@ -60,6 +61,8 @@ class KillRequest:
     lock_timeout: float
     units: tuple[str, ...] = ()
     outside_units: str = "kill"
+    # the uids of the engines' users: their holders outside the units are the engines' own (escaped workers)
+    owner_uids: frozenset[int] = frozenset()
 
     @classmethod
     def from_params(cls, params: dict, reader: ProcReader) -> KillRequest:
@@ -78,6 +81,7 @@ class KillRequest:
         outside_units = params.get("outside_units") or "kill"
         if outside_units not in OUTSIDE_UNITS:
             raise InvalidInput(f"outside_units: {outside_units!r} is not one of {', '.join(OUTSIDE_UNITS)}")
+        owner_uids = frozenset(owner_uid(owner) for owner in params.get("owners") or [])
         protected = list(params.get("protected") or [])
         for name in protected:
             if not name or "/" in name or not name.isprintable():
@@ -96,11 +100,29 @@ class KillRequest:
             lock_timeout=non_negative("lock_timeout", params["lock_timeout"]),
             units=units,
             outside_units=outside_units,
+            owner_uids=frozenset(uid for uid in owner_uids if uid is not None),
         )
 
     @property
     def needs_nvml(self) -> bool:
         return "nvml" in self.sources or bool(self.gpus)
+
+
+def owner_uid(owner) -> int | None:
+    """The uid of an engine's user, by name or number; None for a name no account has (it owns no process)."""
+    text = str(owner)
+    if not text or not text.isprintable() or any(char in text for char in ":/ "):
+        raise InvalidInput(f"owners: {owner!r} is not a user name or uid")
+    if text.isdigit():
+        uid = int(text)
+    else:
+        try:
+            uid = pwd.getpwnam(text).pw_uid
+        except KeyError:
+            return None
+    if uid == 0:
+        raise InvalidInput("owners: root owns the system's own processes; give the engines' own users (for example vllm, sglang)")
+    return uid
 
 
 def _protected_pid(pid: int, reader: ProcReader) -> int:
@@ -183,11 +205,12 @@ def placement(holder: dict, units: tuple[str, ...]) -> str:
 
 
 def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable[[str], tuple[str, int]]) -> None:
-    """Mark every holder with its placement and apply outside_units to the targets outside the given units.
+    """Mark every holder with its placement and whether it is foreign, and apply outside_units to the foreign targets.
 
-    systemd starts a service again when its main process exits (Restart= other than no): a holder that is the main
-    process of another such service is never killed alone. It goes to `restarting`, which fails the task, unless
-    outside_units is report (then it is left running with the others).
+    Foreign: outside the given units and not run by one of the engines' users (owners); an engine's escaped worker
+    is not foreign and is killed with the units' processes. systemd starts a service again when its main process exits
+    (Restart= other than no): a holder that is the main process of another such service is never killed alone. It goes
+    to `restarting`, which fails the task, unless it is foreign and outside_units leaves it alone (report, fail).
     """
     policies: dict[str, tuple[str, int]] = {}
     for holder in plan.holders + plan.targets + plan.protected + plan.ambiguous:
@@ -199,22 +222,28 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
             restart, main_pid = policies[unit]
             holder["restart"] = restart or "no"
             holder["main_process"] = holder["pid"] == main_pid
-    inside = [target for target in plan.targets if target["placement"] == "listed_unit"]
-    outside = [target for target in plan.targets if target["placement"] != "listed_unit"]
+        # the engines' own wherever they run (an escaped worker); anyone else's outside the units is foreign
+        holder["foreign"] = holder["placement"] != "listed_unit" and holder.get("uid") not in request.owner_uids
+    plan.foreign = [target for target in plan.targets if target["foreign"]]
+    # a holder systemd would start again is never killed alone, whoever runs it
+    restarting = [target for target in plan.targets if target["placement"] == "other_service" and target.get("main_process")
+                  and target["restart"] not in NO_RESTART]
+    if request.outside_units == "kill":
+        plan.restarting = restarting
+        return
+    # report leaves the foreign ones running, fail refuses them; the engines' own are killed either way
+    plan.outside = plan.foreign
+    plan.restarting = [target for target in restarting if not target["foreign"]]
     if request.outside_units == "report":
-        plan.targets, plan.outside = inside, outside
-        return
-    if request.outside_units == "fail":
-        plan.outside = outside
-        return
-    plan.restarting = [target for target in outside if target.get("main_process") and target["restart"] not in NO_RESTART]
+        plan.targets = [target for target in plan.targets if not target["foreign"]]
 
 
 def refusal(plan: KillPlan, request: KillRequest) -> str | None:
     """Why nothing may be signalled: targets outside the units under outside_units=fail, or in a restarting service."""
     if request.outside_units == "fail" and plan.outside:
-        return (f"{len(plan.outside)} process(es) hold the GPUs outside the units being stopped ({_describe(plan.outside)}) and "
-                "outside_units is fail: nothing was signalled")
+        owners = " and not run by the engines' users" if request.owner_uids else ""
+        return (f"{len(plan.outside)} process(es) hold the GPUs outside the units being stopped{owners} "
+                f"({describe_holders(plan.outside)}) and outside_units is fail: nothing was signalled")
     if plan.restarting:
         units = sorted({f"{target['unit']} (Restart={target['restart']})" for target in plan.restarting})
         return (f"processes holding the GPUs run in {', '.join(units)}, which systemd would start again: nothing was signalled. "
@@ -222,8 +251,10 @@ def refusal(plan: KillPlan, request: KillRequest) -> str | None:
     return too_many_targets(plan, request)
 
 
-def _describe(holders: list[dict]) -> str:
-    shown = [f"pid {holder['pid']} {holder.get('comm')} in {holder.get('unit') or 'no unit'} ({holder['placement']})" for holder in holders[:5]]
+def describe_holders(holders: list[dict]) -> str:
+    """pid, user, command and unit of the first few holders, for a message."""
+    shown = [f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user', holder.get('uid'))} in "
+             f"{holder.get('unit') or 'no unit'} ({holder['placement']})" for holder in holders[:5]]
     return "; ".join(shown) + (f"; and {len(holders) - 5} more" if len(holders) > 5 else "")
 
 
@@ -249,7 +280,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
-            "outside": plan.outside, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
+            "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
-CHECKS = ("executable", "model", "gpus", "port", "disk")
+CHECKS = ("executable", "model", "gpus", "port", "disk", "holders")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 LISTEN = "0A"  # TCP state in /proc/net/tcp{,6}
 MIB = 1 << 20
@@ -64,6 +64,12 @@ class Request:
     install_min_free_mib: int
     nvml_timeout: float = 10
     version_timeout: float = 120
+    # the holders check: the units the switch stops, the engines' users, and what becomes of anyone else's holders
+    units: list = field(default_factory=list)
+    owners: list = field(default_factory=list)
+    outside_units: str = "fail"
+    holder_gpus: list = field(default_factory=list)  # a selection of GPUs (indexes or UUIDs); empty: all
+    device_paths: list = field(default_factory=list)  # the device files whose holders count; empty: the driver's
 
     @classmethod
     def from_params(cls, params: dict) -> Request:
@@ -83,7 +89,9 @@ class Request:
                    visible_devices=[d.strip() for d in visible.split(",") if d.strip()] if visible else None,
                    port=params["port"], port_owners=list(params["port_owners"] or []), install_dir=params["install_dir"] or None,
                    install_min_free_mib=params["install_min_free_mib"], nvml_timeout=params["nvml_timeout"],
-                   version_timeout=params["version_timeout"])
+                   version_timeout=params["version_timeout"], units=list(params.get("units") or []),
+                   owners=list(params.get("owners") or []), outside_units=params.get("outside_units") or "fail",
+                   holder_gpus=list(params.get("gpus") or []), device_paths=list(params.get("device_paths") or []))
 
 
 # --- the checks ------------------------------------------------------------------------------------------------------
@@ -124,6 +132,23 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
                                      + (f" and {len(listing.unreadable) - 3} more" if len(listing.unreadable) > 3 else ""))
     size = sum(size for _name, size in listing.weights)
     return Check("model", True, f"{label} {path}: {len(listing.weights)} weight file(s), {size / 2**30:.2f} GiB, readable by {user}")
+
+
+def check_holders(request: Request, foreign: list, escaped: list, describe) -> Check:
+    """Another user's GPU holders stop the switch before anything is disrupted, unless it may kill them.
+
+    foreign: holders outside the engines' units not run by their users; escaped: the engines' users' holders outside
+    their units (killed by the teardown); describe(holders) names them (pid, user, command, unit).
+    """
+    escaped_line = f"; the engines' own outside their units, killed by the teardown: {describe(escaped)}" if escaped else ""
+    if not foreign:
+        return Check("holders", True, "no other user's process holds a GPU" + escaped_line)
+    named = f"{len(foreign)} process(es) of other users hold GPUs: {describe(foreign)}"
+    if request.outside_units == "fail":
+        return Check("holders", False, f"{named}. Nothing was touched: stop them, or let the teardown kill them (outside_units: kill)"
+                                       + escaped_line)
+    fate = "killed by the teardown" if request.outside_units == "kill" else "left running (the GPUs they hold stay used)"
+    return Check("holders", True, f"{named}; {fate} (outside_units: {request.outside_units})" + escaped_line)
 
 
 def check_gpus(request: Request, nvml_count: int | None, error: str | None = None) -> Check:

@@ -12,7 +12,9 @@ and every read tolerates the process vanishing or being unreadable.
 
 from __future__ import annotations
 
+import functools
 import os
+import pwd
 import signal
 from dataclasses import dataclass
 
@@ -248,11 +250,21 @@ def describe(reader: ProcReader, pid: int) -> dict:
         "exe": reader.exe(pid),
         "cmdline": reader.cmdline(pid, stat.state),
         "uid": int(uid[0]) if uid else None,
+        "user": user_name(int(uid[0])) if uid else None,
         "state": stat.state,
         "ppid": stat.ppid,
         "unit": reader.unit(pid),
         "namespace_pid": namespace_pid(status),
     }
+
+
+@functools.lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    """The account name of a uid, or the number itself where no account has it (a container's own users)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def namespace_pid(status: dict) -> int | None:

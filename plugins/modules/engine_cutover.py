@@ -162,10 +162,20 @@ options:
     type: int
     default: 64
   outside_units:
-    description: What to do with GPU holders outside O(units) - as M(gpufleet.serving.gpu_holders_kill)'s option.
+    description:
+      - What to do with foreign GPU holders - outside O(units) and not run by one of O(owners) - as
+        M(gpufleet.serving.gpu_holders_kill)'s option. V(fail) (the default) refuses to signal anything and rolls back;
+        the switch finds them in its preflight, before the drain.
     type: str
     choices: [kill, report, fail]
-    default: kill
+    default: fail
+  owners:
+    description:
+      - The engines' users; their GPU holders outside O(units) (escaped workers) are killed with the units' processes,
+        as M(gpufleet.serving.gpu_holders_kill)'s option.
+    type: list
+    elements: str
+    default: []
   max_used_mib:
     description: Used MiB per GPU under which it counts as free.
     type: int
@@ -328,7 +338,8 @@ ARGUMENT_SPEC = dict(
     device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
     protected=dict(type="list", elements="str", default=[]),
     max_targets=dict(type="int", default=64),
-    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="kill"),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
+    owners=dict(type="list", elements="str", default=[]),
     max_used_mib=dict(type="int", default=512),
     memory_timeout=dict(type="float", default=60),
     expected_gpu_count=dict(type="int"),
@@ -365,7 +376,8 @@ class Node(cutover.NodeOps):
         params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
                       protected_pids=[], term_timeout=self.params["term_timeout"], kill_timeout=self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
-                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"])
+                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"],
+                      owners=self.params["owners"])
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(lambda: pynvml, timeout), self.reader, self.restart_policy,
                                          False, self.module.warn, self.module.log)

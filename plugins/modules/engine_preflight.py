@@ -22,6 +22,10 @@ description:
   - C(gpus) wants O(gpus_needed) (tensor x data parallel) GPUs among those NVML sees, or among O(visible_devices).
   - C(port) wants O(port) free, or held only by processes of O(port_owners) (the engines the switch stops).
   - C(disk) wants O(install_min_free_mib) free where O(install_dir) is (or would be) created.
+  - C(holders) looks for GPU holders of other users - outside O(units) and not run by one of O(owners) (a colleague's
+    notebook, an SSH session's job, a container's process). With O(outside_units=fail) (the default) any of them fails
+    the check, naming each one's pid, user, command and unit, so that a switch stops before it disrupts the node. The
+    engines' own holders outside their units (escaped workers) are listed in RV(holders) and do not fail it.
   - Fails with every failed check's line in the message when any check fails.
 author:
   - gpufleet.serving contributors (@gpufleet)
@@ -45,7 +49,7 @@ options:
     type: list
     elements: str
     default: [executable, model, gpus, port]
-    choices: [executable, model, gpus, port, disk]
+    choices: [executable, model, gpus, port, disk, holders]
   version_argv:
     description: The command that prints the engine's version on its last line (C(vllm --version); for SGLang its Python with
       C(-c "import sglang; print(sglang.__version__)")). Required by the C(executable) check.
@@ -81,6 +85,36 @@ options:
     type: list
     elements: str
     default: []
+  units:
+    description: For the C(holders) check - the engine units the switch stops; their processes are the expected GPU holders.
+    type: list
+    elements: str
+    default: []
+  owners:
+    description:
+      - For the C(holders) check - the engines' users. Their holders outside O(units) are the engines' own (escaped
+        workers, killed by the teardown), not another user's. As M(gpufleet.serving.gpu_holders_kill)'s option.
+    type: list
+    elements: str
+    default: []
+  outside_units:
+    description:
+      - For the C(holders) check - what the teardown will do with other users' holders, as
+        M(gpufleet.serving.gpu_holders_kill)'s option. V(fail) fails the check when there is any; V(kill) and V(report)
+        only name them.
+    type: str
+    choices: [kill, report, fail]
+    default: fail
+  gpus:
+    description: For the C(holders) check - the GPUs the teardown frees (indexes or UUIDs); empty for all.
+    type: list
+    elements: str
+    default: []
+  device_paths:
+    description: For the C(holders) check - the GPU device files whose holders are found, as M(gpufleet.serving.gpu_holders_kill)'s option.
+    type: list
+    elements: str
+    default: [/dev/nvidia*, /dev/nvidia-caps/*]
   install_dir:
     description: Where an install would go (a virtualenv); used by the C(disk) check.
     type: str
@@ -99,6 +133,7 @@ options:
 seealso:
   - module: gpufleet.serving.engine_ready
   - module: gpufleet.serving.engine_drain
+  - module: gpufleet.serving.gpu_holders_kill
 """
 
 EXAMPLES = r"""
@@ -135,6 +170,13 @@ gpus:
   returned: always
   type: list
   elements: dict
+holders:
+  description:
+    - When the C(holders) check ran - C(foreign), other users' GPU holders outside O(units), and C(escaped), the
+      O(owners)' holders outside O(units); each with C(pid), C(user), C(comm), C(unit), C(placement) and C(gpus).
+  returned: always
+  type: dict
+  sample: {foreign: [{pid: 5120, user: alice, comm: python3, unit: session-4.scope, placement: session, gpus: [7]}], escaped: []}
 """
 
 import os
@@ -144,6 +186,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
@@ -160,7 +203,7 @@ else:
 ARGUMENT_SPEC = dict(
     engine=dict(type="str", required=True, choices=["vllm", "sglang"]),
     checks=dict(type="list", elements="str", default=["executable", "model", "gpus", "port"],
-                choices=["executable", "model", "gpus", "port", "disk"]),
+                choices=["executable", "model", "gpus", "port", "disk", "holders"]),
     version_argv=dict(type="list", elements="str"),
     version=dict(type="str"),
     model=dict(type="str", required=True),
@@ -174,6 +217,11 @@ ARGUMENT_SPEC = dict(
     install_min_free_mib=dict(type="int", default=20480),
     nvml_timeout=dict(type="float", default=10),
     version_timeout=dict(type="float", default=120),
+    units=dict(type="list", elements="str", default=[]),
+    owners=dict(type="list", elements="str", default=[]),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
+    gpus=dict(type="list", elements="str", default=[]),
+    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
 )
 
 
@@ -229,6 +277,17 @@ class NodeProbe:
                 wanted -= found
         return holders + [(None, None)] * len(wanted)
 
+    def holders(self, request: preflight.Request) -> tuple:
+        """Other users' GPU holders and the engines' own outside their units, as the teardown would see them."""
+        reader = ProcReader(self.proc_root)
+        kill = holders_kill.KillRequest.from_params(dict(
+            gpus=request.holder_gpus or None, device_paths=request.device_paths, sources=None, protected=[], protected_pids=[], term_timeout=0, kill_timeout=0,
+            max_targets=1, ambiguous="report", nvml_timeout=request.nvml_timeout, lock_timeout=0, units=request.units,
+            outside_units="report", owners=request.owners), reader)
+        plan = holders_kill.observe(kill, lambda timeout: NvmlClient(lambda: pynvml, timeout), reader)
+        escaped = [target for target in plan.targets if target["placement"] != "listed_unit"]
+        return plan.foreign, escaped
+
     def free_bytes(self, path: str) -> int | None:
         try:
             stats = os.statvfs(path)
@@ -238,8 +297,8 @@ class NodeProbe:
 
 
 def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
-    """The selected checks, in order, and the GPUs seen."""
-    checks, gpus = [], []
+    """The selected checks, in order, the GPUs seen and the GPU holders found outside the engines' units."""
+    checks, gpus, holders = [], [], {}
     if "executable" in request.checks:
         checks.append(preflight.check_executable(request, *probe.version(request.version_argv, request.version_timeout)))
     if "model" in request.checks:
@@ -254,22 +313,35 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
             checks.append(preflight.check_gpus(request, None, exc.msg))
     if "port" in request.checks:
         checks.append(preflight.check_port(request, probe.port_holders(request.port)))
+    if "holders" in request.checks:
+        try:
+            foreign, escaped = probe.holders(request)
+        except Error as exc:
+            checks.append(preflight.Check("holders", False, f"GPU holders cannot be read: {exc.msg}"))
+        else:
+            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders))
+            holders = {"foreign": [holder_summary(h) for h in foreign], "escaped": [holder_summary(h) for h in escaped]}
     if "disk" in request.checks and request.install_dir:
         where = preflight.existing_parent(request.install_dir)
         checks.append(preflight.check_disk(request, probe.free_bytes(where), where))
-    return checks, gpus
+    return checks, gpus, holders
+
+
+def holder_summary(holder: dict) -> dict:
+    return {key: holder.get(key) for key in ("pid", "user", "comm", "unit", "placement", "gpus")}
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         request = preflight.Request.from_params(module.params)
-        checks, gpus = run_checks(request, NodeProbe())
+        checks, gpus, holders = run_checks(request, NodeProbe())
     except Error as exc:
-        module.fail_json(msg=exc.msg, passed=False, checks=[], failures=[exc.msg], gpus=[], **exc.context)
+        module.fail_json(msg=exc.msg, passed=False, checks=[], failures=[exc.msg], gpus=[], holders={}, **exc.context)
     failures = preflight.failures(checks)
     result = dict(changed=False, passed=not failures, failures=failures, checks=[check.as_dict() for check in checks],
-                  gpus=[{"index": gpu["index"], "used_mib": gpu.get("used_mib"), "total_mib": gpu.get("total_mib")} for gpu in gpus])
+                  gpus=[{"index": gpu["index"], "used_mib": gpu.get("used_mib"), "total_mib": gpu.get("total_mib")} for gpu in gpus],
+                  holders=holders)
     if failures:
         module.fail_json(msg="preflight: " + "; ".join(failures), **result)
     module.exit_json(**result)

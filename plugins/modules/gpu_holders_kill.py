@@ -22,8 +22,10 @@ description:
   - Never signalled, whatever the options - PID 1, kernel threads, this module's process, its ancestors (SSH session, sudo,
     C(sh -c), C(ansible-playbook) on a local connection, C(async_wrapper)) and children, the built-in protected names
     and O(protected).
-  - Holders outside the units being stopped (O(units)) are handled by O(outside_units) - killed, reported or refused -
-    and the main process of another service that systemd restarts is never killed alone.
+  - Holders outside the units being stopped (O(units)) that run as one of the engines' users (O(owners)) are the engines'
+    own (a worker that escaped its unit) and are killed with them; every other holder outside the units is foreign and
+    handled by O(outside_units) - killed, reported or refused. The main process of another service that systemd restarts
+    is never killed alone.
   - Fails when any target survives O(kill_timeout) after SIGKILL, for example a process in uninterruptible sleep (D state).
 author:
   - gpufleet.serving contributors (@gpufleet)
@@ -119,6 +121,16 @@ options:
     type: str
     choices: [kill, report, fail]
     default: kill
+  owners:
+    description:
+      - The engines' users (names or uids). A holder outside O(units) that runs as one of them is the engines' own - a
+        worker that escaped its unit, re-parented to PID 1 - and is killed like the units' processes whatever
+        O(outside_units) says; a holder of any other user outside O(units) is foreign (RV(foreign)).
+      - A name that is no account on the node owns no process. V(root) and uid 0 are refused.
+      - Empty (the default) - every holder outside O(units) is foreign.
+    type: list
+    elements: str
+    default: []
   max_targets:
     description:
       - Upper bound on the number of processes signalled. Above it nothing is signalled and the module fails with the plan.
@@ -167,6 +179,13 @@ EXAMPLES = r"""
     outside_units: report
   become: true
 
+- name: Free the GPUs after stopping vLLM and its escaped workers; refuse if anyone else holds a GPU
+  gpufleet.serving.gpu_holders_kill:
+    units: [vllm.service]
+    owners: [vllm]
+    outside_units: fail
+  become: true
+
 - name: Show what would be killed, keeping a profiler alive
   gpufleet.serving.gpu_holders_kill:
     protected: [nsys]
@@ -202,6 +221,13 @@ holders:
     uid:
       description: Real user id.
       type: int
+    user:
+      description: The account name of RV(holders[].uid) on the node, or the uid as text where no account has it.
+      type: str
+      sample: vllm
+    foreign:
+      description: Outside O(units) and not run by one of O(owners).
+      type: bool
     state:
       description: Process state letter from /proc (R, S, D, T, Z).
       type: str
@@ -285,8 +311,16 @@ ambiguous:
   elements: dict
 outside:
   description:
-    - Unprotected holders outside O(units) that were left running (O(outside_units=report)) or that failed the task
-      (O(outside_units=fail)); empty with V(kill).
+    - Foreign holders (outside O(units), not of O(owners)) that were left running (O(outside_units=report)) or that
+      failed the task (O(outside_units=fail)); empty with V(kill).
+  returned: always
+  type: list
+  elements: dict
+foreign:
+  description:
+    - Unprotected holders outside O(units) that do not run as one of O(owners) - another user's job, a login session's
+      process, a container's - whatever O(outside_units) did with them (killed with V(kill)). In check mode, the ones
+      that would be killed, refused or left alone.
   returned: always
   type: list
   elements: dict
@@ -350,6 +384,7 @@ ARGUMENT_SPEC = dict(
     lock_timeout=dict(type="float", default=60),
     units=dict(type="list", elements="str", default=[]),
     outside_units=dict(type="str", choices=["kill", "report", "fail"], default="kill"),
+    owners=dict(type="list", elements="str", default=[]),
 )
 
 

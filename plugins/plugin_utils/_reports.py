@@ -47,7 +47,7 @@ def _iso(timestamp) -> str | None:
 def process_summary(process: dict) -> dict:
     cmdline = " ".join(process.get("cmdline") or []) or process.get("comm") or "?"
     summary = {"pid": process.get("pid"), "comm": process.get("comm"), "cmdline": cmdline, "gpus": list(process.get("gpus") or []),
-               "unit": process.get("unit")}
+               "unit": process.get("unit"), "user": process.get("user")}
     if process.get("reason"):
         summary["reason"] = process["reason"]
     if process.get("placement") and process.get("placement") != "listed_unit":
@@ -104,6 +104,8 @@ def teardown_host_report(steps: dict) -> dict:
         "planned": [process_summary(p) for p in holders.get("targets") or []] if steps.get("check_mode") else [],
         "protected": [process_summary(p) for p in holders.get("protected") or []],
         "outside": [process_summary(p) for p in (holders.get("outside") or []) + (holders.get("restarting") or [])],
+        # other users' holders outside the units, apart from the engines' own, whatever was done with them
+        "foreign": [process_summary(p) for p in holders.get("foreign") or []],
         "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
         "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
         "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
@@ -262,6 +264,7 @@ def switch_host_report(record: dict) -> dict:
         "engine_start_s": engine_start,
         "overhead_s": round(downtime - engine_start, 2) if downtime is not None and engine_start is not None and result == SWITCHED else None,
         "preflight": _preflight(record.get("preflight")),
+        "gpu_holders": _gpu_holders(record.get("gpu_holders")),
         "prewarm": _prewarm(record.get("prewarm")),
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
@@ -272,6 +275,14 @@ def switch_host_report(record: dict) -> dict:
     }
 
 
+def _gpu_holders(found) -> dict | None:
+    """The GPU holders the preflight found outside the engine units: other users' (foreign) and the engines' own."""
+    if not found:
+        return None
+    keys = ("pid", "user", "comm", "unit", "placement", "gpus")
+    return {group: [{key: holder.get(key) for key in keys} for holder in found.get(group) or []] for group in ("foreign", "escaped")}
+
+
 def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
     """A host the run left as it was: behind a stopped rollout (``serving``: the engines it was seen serving, read
     without touching it), outside the limit, or never reached (``serving`` None: not known)."""
@@ -280,7 +291,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "prewarm": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
 
 
@@ -426,6 +437,11 @@ def teardown_table(document: dict) -> str:
         for process in report.get("outside") or []:
             details.append(f"{host}: outside the units {process['pid']} {process.get('comm')} in {process.get('unit') or 'no unit'}"
                            f" ({process.get('placement')}): not signalled")
+        fates = {p["pid"]: fate for fate, key in (("would be signalled", "planned"), ("terminated", "terminated"), ("killed", "killed"))
+                 for p in report.get(key) or []}
+        for process in report.get("foreign") or []:
+            details.append(f"{host}: ANOTHER USER'S GPU process {process['pid']} {process.get('comm')} (user {process.get('user')}, "
+                           f"{process.get('unit') or 'no unit'}, {process.get('placement')}): {fates.get(process['pid'], 'not signalled')}")
     headers = ["host", "result", "units stopped", "terminated", "killed", "protected", "MiB before (gpu:used)", "MiB after"]
     return _table(headers, rows) + ("\n\n" + "\n".join(details) if details else "")
 

@@ -110,3 +110,25 @@ def test_prewarm_reads_every_weight_byte_or_says_why_not(tmp_path):
     assert too_big["bytes"] == 0 and "do not fit" in too_big["skipped_reason"] and not too_big.failed
     missing = run_module("weights_prewarm", {"paths": [str(tmp_path / "absent")]})
     assert missing.failed and "is not a model directory" in missing["msg"]
+
+
+def test_another_users_gpu_holder_fails_the_holders_check_and_an_escaped_worker_does_not(tmp_path, devices, processes, nvml_env):
+    """An engine's worker left outside its unit (the engine's user, here daemon) is the engine's; a job of another user
+    (nobody) stops the switch here, named by pid, user and command - unless the teardown may kill it."""
+    _helper, (escaped,) = processes.holder("--open", devices.gpu(0), "--user", "daemon")
+    _helper, (foreign,) = processes.holder("--open", devices.gpu(1), "--user", "nobody")
+    holders_args = args(tmp_path, model_dir(tmp_path / "m"), checks=["holders"], units=["vllm.service"], owners=["daemon"],
+                        device_paths=devices.globs)
+    refused = run_module("engine_preflight", holders_args, env=nvml_env)
+    assert refused.failed and [check["name"] for check in refused["checks"]] == ["holders"]
+    detail = refused["checks"][0]["detail"]
+    assert detail.startswith(f"1 process(es) of other users hold GPUs: pid {foreign} python of user nobody in ")
+    assert f"the engines' own outside their units, killed by the teardown: pid {escaped} python of user daemon" in detail
+    assert [h["pid"] for h in refused["holders"]["foreign"]] == [foreign] and [h["pid"] for h in refused["holders"]["escaped"]] == [escaped]
+    assert refused["holders"]["foreign"][0]["user"] == "nobody"
+
+    allowed = run_module("engine_preflight", dict(holders_args, outside_units="kill"), env=nvml_env)
+    assert not allowed.failed and "killed by the teardown (outside_units: kill)" in allowed["checks"][0]["detail"]
+    alone = run_module("engine_preflight", dict(holders_args, owners=["daemon", "nobody"]), env=nvml_env)
+    assert not alone.failed and alone["holders"]["foreign"] == [] and len(alone["holders"]["escaped"]) == 2
+    assert processes.started[0].poll() is None and processes.started[1].poll() is None, "the preflight signals nothing"

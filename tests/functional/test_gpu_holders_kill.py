@@ -477,6 +477,57 @@ def test_outside_units_fail_signals_nothing_and_names_the_holders(devices, proce
     assert all(alive(pid) for pid in placed.values())
 
 
+def holders_by_owner(devices, processes, unit_groups) -> dict[str, int]:
+    """The engine's process in its unit, a worker of the engine's user (daemon here) that escaped it, and a job of
+    another user (nobody) in an SSH session's scope."""
+    placed = {}
+    for gpu, (role, user, unit) in enumerate([("engine", None, "vllm.service"), ("escaped", "daemon", "run-r9e1.scope"),
+                                              ("foreign", "nobody", "session-42.scope")]):
+        _helper, (pid,) = processes.holder("--open", devices.gpu(gpu), *(["--user", user] if user else []))
+        unit_groups.put(pid, unit)
+        placed[role] = pid
+    return placed
+
+
+def test_owners_make_an_escaped_worker_the_engines_and_another_users_job_foreign(devices, processes, nvml_env, unit_groups):
+    """G26 (scope by ownership): with outside_units=fail the other user's job refuses the kill, naming its pid, user and
+    scope, and nothing is signalled; with report the engine and its escaped worker die and the job keeps running."""
+    placed = holders_by_owner(devices, processes, unit_groups)
+    args = kill_args(devices, units=["vllm.service"], owners=["daemon"])
+    refused = run_module(MODULE, dict(args, outside_units="fail"), env=nvml_env)
+    assert refused.rc != 0 and refused["signals"] == []
+    assert pids_of(refused["outside"]) == pids_of(refused["foreign"]) == {placed["foreign"]}
+    assert f"pid {placed['foreign']} python of user nobody in session-42.scope (session)" in refused["msg"]
+    assert all(alive(pid) for pid in placed.values())
+    by_pid = {holder["pid"]: holder for holder in refused["holders"]}
+    assert (by_pid[placed["escaped"]]["user"], by_pid[placed["escaped"]]["foreign"]) == ("daemon", False)
+    assert (by_pid[placed["foreign"]]["user"], by_pid[placed["foreign"]]["foreign"]) == ("nobody", True)
+
+    left = run_module(MODULE, dict(args, outside_units="report"), env=nvml_env)
+    assert left.rc == 0 and pids_of(left["terminated"] + left["killed"]) == {placed["engine"], placed["escaped"]}
+    assert pids_of(left["outside"]) == pids_of(left["foreign"]) == {placed["foreign"]}
+    assert alive(placed["foreign"]) and not alive(placed["engine"]) and not alive(placed["escaped"])
+
+
+def test_without_owners_every_holder_outside_the_units_is_foreign(devices, processes, nvml_env, unit_groups):
+    """The default (no owners): the escaped worker is as foreign as the other user's job; check mode lists both apart."""
+    placed = holders_by_owner(devices, processes, unit_groups)
+    plan = run_module(MODULE, kill_args(devices, units=["vllm.service"]), check_mode=True, env=nvml_env)
+    assert pids_of(plan["targets"]) == set(placed.values()) and plan["signals"] == []
+    assert pids_of(plan["foreign"]) == {placed["escaped"], placed["foreign"]}
+    owned = run_module(MODULE, kill_args(devices, units=["vllm.service"], owners=["daemon", "no-such-user"]), check_mode=True, env=nvml_env)
+    assert pids_of(owned["foreign"]) == {placed["foreign"]}, "a name that is no account owns nothing"
+    assert all(alive(pid) for pid in placed.values())
+
+
+@pytest.mark.parametrize(("owners", "message"), [(["root"], "owners: root owns the system's own processes"),
+                                                 (["0"], "owners: root owns the system's own processes"),
+                                                 (["vllm:vllm"], "owners: 'vllm:vllm' is not a user name or uid")])
+def test_owners_refuses_root_and_malformed_names(devices, owners, message, nvml_env):
+    result = run_module(MODULE, kill_args(devices, owners=owners), env=nvml_env)
+    assert result.failed and result["msg"].startswith(message) and not result.result.get("signals")
+
+
 def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, nvml_env):
     """G22: the holder opened the same device through another path (a renamed or bind-mounted node)."""
     node = tmp_path / "renamed" / "nvidia-alias"

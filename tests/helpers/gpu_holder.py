@@ -13,6 +13,7 @@ import argparse
 import ctypes
 import mmap
 import os
+import pwd
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--zombie-leader", action="store_true", help="leader thread exits, a worker thread keeps the files")
     parser.add_argument("--vfork-blocked", metavar="FIFO",
                         help="after 'ready', posix_spawn a child that blocks opening FIFO: the parent waits in killable D state")
+    parser.add_argument("--user", help="once the files are held, run as this user (another user's job, an engine's worker)")
     parser.add_argument("extra", nargs="*", help="ignored words (decoys put engine names here)")
     return parser.parse_args(argv)
 
@@ -89,6 +91,11 @@ def main(argv: list[str]) -> None:
         for spec in args.alloc:
             gpu, mib = spec.split(":")
             nvml_sim.allocate(args.sim_root, int(gpu), int(mib), holders, reported_pid=os.getpid())
+    if args.user:  # after the files and the simulated allocation, which need root
+        account = pwd.getpwnam(args.user)
+        os.setgroups([])
+        os.setgid(account.pw_gid)
+        os.setuid(account.pw_uid)
     print("ready", *holders, flush=True)
     if args.zombie_leader:
         worker = threading.Thread(target=lambda: (kept, time.sleep(1e6)))

@@ -118,12 +118,17 @@ CHECKS = [{"name": "model", "passed": True, "skipped": False, "detail": "model /
 PREWARM = {"changed": False, "bytes": 67108864, "total_bytes": 67108864, "files": 4, "seconds": 0.4, "finished": True, "skipped_reason": None}
 
 
+# an engine's worker left outside its unit, found by the preflight (extra keys of the module's holders are dropped)
+GPU_HOLDERS = {"foreign": [], "escaped": [{"pid": 4242, "user": "vllm", "comm": "python3", "unit": None, "placement": "elsewhere",
+                                          "gpus": [0, 1], "start_time": 1}]}
+
+
 def rotated_record(result="switched", **extra) -> dict:
     """A switch with rotation hooks: out of rotation at T0+3, back at T0+18."""
     marks = [["lease", T0], ["discover", T0 + 1], ["preflight", T0 + 2], ["prewarm", T0 + 2.5], ["leave_rotation", T0 + 3],
              ["drain", T0 + 4], ["teardown", T0 + 5], ["bring_up", T0 + 8], ["verify", T0 + 16], ["join_rotation", T0 + 17],
              ["boot", T0 + 18], ["end", T0 + 19]]
-    return switch_record(result, **{"marks": marks, "preflight": CHECKS, "prewarm": PREWARM, **extra})
+    return switch_record(result, **{"marks": marks, "preflight": CHECKS, "prewarm": PREWARM, "gpu_holders": GPU_HOLDERS, **extra})
 
 
 def planned_record() -> dict:
@@ -146,6 +151,8 @@ def test_downtime_runs_from_leaving_rotation_to_the_end_of_joining_it():
     assert [phase["phase"] for phase in report["phases"]][:3] == ["lease", "discover", "preflight"]
     assert report["phases"][4] == {"phase": "leave_rotation", "start": T0 + 3, "seconds": 1.0}
     assert report["prewarm"]["bytes"] == 67108864 and report["preflight"][0]["passed"] is True
+    assert report["gpu_holders"] == {"foreign": [], "escaped": [{"pid": 4242, "user": "vllm", "comm": "python3", "unit": None,
+                                                                 "placement": "elsewhere", "gpus": [0, 1]}]}
 
 
 def test_without_a_balancer_the_downtime_is_the_nodes_own_from_the_cutovers_start_to_an_engine_serving():
