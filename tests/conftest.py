@@ -49,6 +49,21 @@ _TREE_BEFORE: set[str] | None = None
 TREE_GUARD = os.environ.get("GPUFLEET_TREE_GUARD") == "1"
 
 
+# A test that hangs (a poll that regressed to the wall clock, a wait on a process that never comes) fails after this
+# many seconds instead of blocking the suite; the slowest test takes about a tenth of it under load.
+TEST_TIMEOUT_SECONDS = 240
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "covers(*cases): the catalogue cases this test sets up and asserts (tests/tools/catalogue_map.py)")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_SECONDS))
+
+
 def pytest_sessionstart(session) -> None:
     global _TREE_BEFORE
     _TREE_BEFORE = tree_state.status() if TREE_GUARD else None

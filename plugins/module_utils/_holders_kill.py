@@ -280,7 +280,8 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
-            "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids, "unreadable": plan.unreadable}
+            "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids,
+            "unreadable": plan.unreadable}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

@@ -59,6 +59,7 @@ def daemonising_tree(group_path: str, count_file: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.covers('S12', 'S27', 'S28')
 def test_whole_group_is_killed_and_the_decoy_outside_survives(group, tmp_path):
     """S12, S27, S28: every process of the group dies (orphan with PPID 1 and setsid escapee included)."""
     layout, path = group
@@ -88,6 +89,7 @@ def test_whole_group_is_killed_and_the_decoy_outside_survives(group, tmp_path):
             tree.wait()
 
 
+@pytest.mark.covers('S28', 'S38')
 def test_forking_process_is_caught_by_the_kill(group, tmp_path):
     """S28/S38: a process forking in a loop; forks racing the kill are killed too."""
     _layout, path = group
@@ -111,6 +113,7 @@ def test_forking_process_is_caught_by_the_kill(group, tmp_path):
         forker.wait()
 
 
+@pytest.mark.covers('S29')
 def test_threaded_group_falls_back_to_the_loop_and_its_processes_are_found(tmp_path):
     """S29: in a threaded cgroup (a Delegate=yes unit may create one) cgroup.procs and cgroup.kill answer EOPNOTSUPP.
     The group's processes are found through its threads, the walk from the unit's group does not crash, and the kill
@@ -144,6 +147,7 @@ def test_threaded_group_falls_back_to_the_loop_and_its_processes_are_found(tmp_p
         remove_cgroup(domain)
 
 
+@pytest.mark.covers('S30')
 def test_a_cgroup_kill_that_fails_falls_back_to_the_loop_and_says_why(tmp_path):
     """S30: the write to cgroup.kill fails (WSL2 answers EINVAL; here the file cannot be written at all): every process of
     the group is still killed, by the signal loop, and the method reported names the error."""

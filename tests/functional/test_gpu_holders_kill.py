@@ -18,8 +18,10 @@ import psutil
 import pytest
 from conftest import COLLECTIONS, HELPER, REPO, alive, is_stopped, remove_cgroup, run_module, start_module, stop, wait_for
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
 
 MODULE = "gpu_holders_kill"
 
@@ -37,6 +39,7 @@ def wait_for_zombie_leader(pid: int) -> None:
     wait_for(lambda: ProcReader().stat(pid).state == "Z", "leader never became a zombie")
 
 
+@pytest.mark.covers('G1')
 def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
     """G1."""
     for check_mode in (True, False):
@@ -46,6 +49,7 @@ def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
         assert result["holders"] == [] and result["signals"] == []
 
 
+@pytest.mark.covers('G2', 'G28')
 def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env):
     """G2, G28: check mode plans and signals nothing; the real run terminates; the second run changes nothing."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
@@ -70,6 +74,7 @@ def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, 
     assert again["changed"] is False and again["holders"] == []
 
 
+@pytest.mark.covers('G21')
 def test_mmap_only_holder_is_found(devices, processes, nvml_env):
     """G21: the fd is closed, only a mapping of the device remains (fuser's `m`)."""
     _helper, (pid,) = processes.holder("--mmap", devices.gpu(1))
@@ -81,6 +86,7 @@ def test_mmap_only_holder_is_found(devices, processes, nvml_env):
     assert result["holders"][0]["via"] == ["mmap"]
 
 
+@pytest.mark.covers('G15')
 def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_env):
     """G15."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--ignore-term")
@@ -91,6 +97,7 @@ def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_e
     assert not alive(pid)
 
 
+@pytest.mark.covers('G16')
 def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nvml_env):
     """G16: a SIGSTOPped process acts on SIGTERM only once continued."""
     proc, (pid,) = processes.holder("--open", devices.gpu(0))
@@ -100,6 +107,7 @@ def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nv
     assert result["killed"] == []
 
 
+@pytest.mark.covers('G13')
 def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env):
     """G13: the target exits on its own during the grace period; no SIGKILL."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--drain", "0.5")
@@ -108,6 +116,7 @@ def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env)
     assert "SIGKILL" not in [s["signal"] for s in result["signals"]]
 
 
+@pytest.mark.covers('G17')
 def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, processes, nvml_env):
     """G17: the leader is a zombie but its worker thread still holds the device."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
@@ -120,6 +129,7 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
     assert not os.path.exists(f"/proc/{pid}/task") or len(os.listdir(f"/proc/{pid}/task")) <= 1
 
 
+@pytest.mark.covers('G7', 'E9')
 def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
     """G7, E9 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
     decoys = [processes.decoy("sglang", "--model", "x"), processes.decoy("python3", "vllm", "serve")]
@@ -130,6 +140,7 @@ def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
     assert not {decoy.pid for decoy in decoys} & {s["pid"] for s in result["signals"]}
 
 
+@pytest.mark.covers('G5')
 def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_env):
     """G5: comm is cut at 15 characters by the kernel; protected_pids adds single processes."""
     _helper, (daemon,) = processes.holder("--open", devices.gpu(0), "--comm", "nvidia-persistenced")
@@ -145,6 +156,7 @@ def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_e
     assert alive(daemon) and alive(custom) and alive(listed)
 
 
+@pytest.mark.covers('G4')
 def test_ancestor_holding_a_device_is_protected(devices, nvml_env):
     """G4: here the test process itself (the module's parent) holds a device file."""
     with open(devices.gpu(0), "rb"):
@@ -154,6 +166,7 @@ def test_ancestor_holding_a_device_is_protected(devices, nvml_env):
     assert result["changed"] is False and result["signals"] == []
 
 
+@pytest.mark.covers('G27')
 def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
     """G27."""
     pids = [processes.holder("--open", devices.gpu(i))[1][0] for i in range(3)]
@@ -164,6 +177,7 @@ def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
     assert all(alive(pid) for pid in pids)
 
 
+@pytest.mark.covers('G9', 'G18')
 @pytest.mark.parametrize(("reaped", "reason"), [(True, "no such process"), (False, "exited (a zombie its parent has not reaped)")])
 def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env, reaped, reason):
     """G9, G18 / F8: the parent allocated and forked; it died; NVML still lists it while the child holds the memory."""
@@ -182,6 +196,7 @@ def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(device
     assert result["terminated"][0]["gpus"] == [0]
 
 
+@pytest.mark.covers('G10')
 def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, processes, sim, nvml_env):
     """G10 / F9: NVML lists a PID that now belongs to a process holding no GPU file."""
     decoy = processes.decoy("python3")
@@ -194,6 +209,7 @@ def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, proce
     assert pids_of(result["terminated"]) == {holder}
 
 
+@pytest.mark.covers('G11')
 @pytest.mark.parametrize("garbage_pid", [0, 1, 2**32 - 1])
 def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, sim, nvml_env, garbage_pid):
     """G11 / F11: NVML lists an impossible PID (0 would signal our process group, 1 is init) with memory it cannot
@@ -218,6 +234,7 @@ def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, pr
     assert alive(unlisted)
 
 
+@pytest.mark.covers('G23')
 def test_selection_maps_indexes_and_uuids_through_permuted_minors(devices, processes, sim, nvml_env):
     """G23: minors [2, 0, 3, 1] against indexes 0-3; /dev/nvidia3 is GPU index 2."""
     _helper, (on_index2,) = processes.holder("--open", devices.gpu(3))
@@ -230,6 +247,7 @@ def test_selection_maps_indexes_and_uuids_through_permuted_minors(devices, proce
     assert alive(on_index2)
 
 
+@pytest.mark.covers('G24')
 def test_shared_nodes_alone_do_not_make_a_holder_of_a_selected_gpu(devices, processes, nvml_env):
     """G24: only nvidiactl + nvidia-uvm held; GPU 1 selected."""
     _helper, (pid,) = processes.holder("--open", devices.ctl, devices.uvm)
@@ -262,14 +280,37 @@ def test_bad_input_fails_clearly_and_signals_nothing(devices, processes, nvml_en
     assert alive(pid)
 
 
+@pytest.mark.covers("G34")
+@pytest.mark.parametrize(("pids", "message"), [
+    ([0], "protected_pids: 0 is not a valid process id"), ([1], "protected_pids: 1 is not a valid process id"),
+    ([-5], "protected_pids: -5 is not a valid process id"), (["twelve"], "protected_pids"),
+])
+def test_invalid_protected_pids_are_rejected_before_any_signal(devices, processes, pids, message, nvml_env):
+    """G34: PIDs at or below 1, negative ones and strings are refused naming the option; the holder is not signalled."""
+    _helper, (holder,) = processes.holder("--open", devices.gpu(0))
+    result = run_module(MODULE, kill_args(devices, protected_pids=pids), env=nvml_env)
+    assert result.failed and message in result["msg"] and alive(holder)
+
+
+@pytest.mark.covers("G34")
+def test_huge_and_duplicate_protected_pids_protect_nothing_else_and_are_harmless(devices, processes, nvml_env):
+    """G34: a PID beyond pid_max and a PID given twice: the live one is protected once, nothing else changes."""
+    _helper, (holder,) = processes.holder("--open", devices.gpu(0))
+    _other, (target,) = processes.holder("--open", devices.gpu(1))
+    result = run_module(MODULE, kill_args(devices, protected_pids=[holder, holder, 2**31 - 1]), env=nvml_env)
+    assert not result.failed and pids_of(result["terminated"] + result["killed"]) == {target}
+    assert [p["pid"] for p in result["protected"]] == [holder] and alive(holder)
+
+
+@pytest.mark.covers('G14', 'G34')
 def test_thread_id_in_protected_pids_is_rejected(devices, processes, nvml_env):
     """G14/G34: a thread id has a readable /proc entry and kill(tid) would hit the whole process."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--zombie-leader")
     wait_for_zombie_leader(pid)
     tid = next(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
     result = run_module(MODULE, kill_args(devices, protected_pids=[tid]), env=nvml_env)
-    assert result.failed and f"protected_pids: {tid} is a thread id" in result["msg"]
-    assert alive(pid) or len(os.listdir(f"/proc/{pid}/task")) > 1
+    assert result.failed and f"protected_pids: {tid} is a thread id" in result["msg"] and result.result.get("signals", []) == []
+    assert len(os.listdir(f"/proc/{pid}/task")) > 1, "its worker thread still runs: nothing was signalled"
 
 
 def test_missing_nvidia_ml_py_gives_the_missing_library_message(devices, tmp_path, nvml_env):
@@ -285,6 +326,7 @@ def test_missing_nvidia_ml_py_gives_the_missing_library_message(devices, tmp_pat
     assert not proc_only.failed, "a /proc-only scan must work without NVML"
 
 
+@pytest.mark.covers('M9')
 def test_missing_nvml_library_and_unloaded_driver_fail_cleanly(devices, sim, nvml_env, tmp_path):
     """M9-style: no traceback, a message naming the cause."""
     no_library = run_module(MODULE, kill_args(devices), env=dict(nvml_env, LD_LIBRARY_PATH=str(tmp_path)))
@@ -295,6 +337,7 @@ def test_missing_nvml_library_and_unloaded_driver_fail_cleanly(devices, sim, nvm
     assert "Traceback" not in no_driver["msg"]
 
 
+@pytest.mark.covers('M6')
 def test_hung_nvml_fails_within_nvml_timeout(devices, processes, sim, nvml_env):
     """M6 for the killer: a hung NVML call ends the task, nothing is signalled."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0))
@@ -306,6 +349,7 @@ def test_hung_nvml_fails_within_nvml_timeout(devices, processes, sim, nvml_env):
     assert alive(pid)
 
 
+@pytest.mark.covers('G29')
 def test_a_second_run_waits_for_the_host_lock_then_fails_naming_the_holder(devices, nvml_env):
     """G29: two runs never scan and signal at once."""
     from ansible_collections.gpufleet.serving.plugins.module_utils._locking import lock_path
@@ -320,6 +364,7 @@ def test_a_second_run_waits_for_the_host_lock_then_fails_naming_the_holder(devic
     assert result.failed and f"(pid {os.getpid()})" in result["msg"]
 
 
+@pytest.mark.covers('G29')
 def test_two_runs_at_once_on_the_same_holders_both_succeed_and_report_only_what_each_did(devices, processes, nvml_env):
     """G29 for real: two module processes started together on the same holders (two of which ignore SIGTERM, so the
     first run holds the lock for its whole TERM grace). The lock makes the second wait; it then finds nothing left.
@@ -339,6 +384,7 @@ def test_two_runs_at_once_on_the_same_holders_both_succeed_and_report_only_what_
     assert not any(alive(pid) for pid in holders)
 
 
+@pytest.mark.covers('E7', 'E8', 'G4')
 def test_local_connection_ancestors_and_async_wrapper_are_protected(devices, processes, tmp_path, nvml_env):
     """E7/E8 and G4: ansible-playbook on a local connection holds a device (inherited fd) in its whole chain."""
     decoy = processes.decoy("python3", "ansible")
@@ -380,6 +426,7 @@ def test_helper_is_executable_python():
     assert subprocess.run([sys.executable, str(HELPER), "--help"], capture_output=True, check=False).returncode == 0
 
 
+@pytest.mark.covers('G5')
 @pytest.mark.parametrize("daemon", sorted(set(PROTECTED_DAEMONS) - {"systemd", "sshd"}))
 def test_every_builtin_daemon_name_is_protected_with_its_reason(devices, processes, nvml_env, daemon):
     """G5: the daemons a GPU node runs besides the engines (NVIDIA, DCGM, MPS, Kubernetes device plugin, GPU Operator)."""
@@ -434,6 +481,7 @@ def holders_in_units(devices, processes, unit_groups) -> dict[str, int]:
     return placed
 
 
+@pytest.mark.covers('G25')
 def test_each_holder_is_placed_by_the_unit_it_runs_in(devices, processes, nvml_env, unit_groups):
     """G25: in a unit being stopped, in another service (named, with its Restart=), in a login session, in a container,
     elsewhere; with the default outside_units=kill every one is a target."""
@@ -454,6 +502,7 @@ def test_each_holder_is_placed_by_the_unit_it_runs_in(devices, processes, nvml_e
     assert not any(alive(pid) for pid in placement)
 
 
+@pytest.mark.covers('G6', 'G26', 'E6')
 def test_outside_units_report_kills_the_units_holders_and_leaves_the_others_listed(devices, processes, nvml_env, unit_groups):
     """G6, G26, E6: a job in an SSH session, a container and another service keep running; the engine's holder dies."""
     placed = holders_in_units(devices, processes, unit_groups)
@@ -465,6 +514,7 @@ def test_outside_units_report_kills_the_units_holders_and_leaves_the_others_list
     assert {s["pid"] for s in result["signals"]} == {placed["vllm.service"]}
 
 
+@pytest.mark.covers('G6')
 def test_outside_units_fail_signals_nothing_and_names_the_holders(devices, processes, nvml_env, unit_groups):
     """G6: fail closed - not even the listed unit's holder is signalled when another holder is outside the units."""
     placed = holders_in_units(devices, processes, unit_groups)
@@ -489,6 +539,7 @@ def holders_by_owner(devices, processes, unit_groups) -> dict[str, int]:
     return placed
 
 
+@pytest.mark.covers('G26')
 def test_owners_make_an_escaped_worker_the_engines_and_another_users_job_foreign(devices, processes, nvml_env, unit_groups):
     """G26 (scope by ownership): with outside_units=fail the other user's job refuses the kill, naming its pid, user and
     scope, and nothing is signalled; with report the engine and its escaped worker die and the job keeps running."""
@@ -528,6 +579,7 @@ def test_owners_refuses_root_and_malformed_names(devices, owners, message, nvml_
     assert result.failed and result["msg"].startswith(message) and not result.result.get("signals")
 
 
+@pytest.mark.covers('G22')
 def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, nvml_env):
     """G22: the holder opened the same device through another path (a renamed or bind-mounted node)."""
     node = tmp_path / "renamed" / "nvidia-alias"
@@ -560,6 +612,7 @@ def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(d
     assert pids_of(forced["targets"]) == {unlisted_both} and forced["ambiguous"] == []
 
 
+@pytest.mark.covers('G19', 'G20')
 def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(devices, processes, frozen, nvml_env):
     """G19/G20 (F4): a frozen holder stays in D state with SIGKILL pending. The module fails after kill_timeout
     instead of hanging, names the survivor with its state and pending signals, never reads its cmdline, and a
@@ -588,6 +641,7 @@ def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(de
     assert not after.failed and after["changed"] is False and after["holders"] == []
 
 
+@pytest.mark.covers('S20')
 def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path):
     """S20 (F5): a vfork parent waits in killable D state with every signal but SIGKILL blocked; its child holds the
     inherited file. SIGTERM does nothing, SIGKILL ends both, and nothing is reported as a survivor."""
@@ -608,6 +662,7 @@ def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, 
     assert not alive(pid) and not alive(child)
 
 
+@pytest.mark.covers('G33')
 def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(devices, processes, nvml_env):
     """G33 / S37: the task is killed (an Ansible timeout) while the module waits out term_timeout. Nothing it started
     outlives it, the target is not left stopped, its host lock goes with it, and the next run finishes the job."""
@@ -629,6 +684,7 @@ def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(
     assert pids_of(result["killed"]) == {pid} and not alive(pid)
 
 
+@pytest.mark.covers('G8')
 def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices, nvml_env):
     """G8: a container-like holder (its own PID namespace) is found through our /proc, reported with the PID it has
     inside its namespace, and killed by its PID in ours. As its namespace's init it gets no SIGTERM it has no
@@ -647,3 +703,40 @@ def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices
     finally:
         outer.kill()
         outer.wait()
+
+
+def spawn_with_pid(pid: int, processes) -> subprocess.Popen | None:
+    """A decoy that holds no GPU, started under a given PID through the PID namespace's last-PID counter (root)."""
+    for _attempt in range(50):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as counter:
+                counter.write(str(pid - 1))
+        except OSError:
+            return None
+        decoy = processes.decoy("reused")
+        if decoy.pid == pid:
+            return decoy
+    return None
+
+
+@pytest.mark.covers("G12")
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_a_pid_reused_between_the_scan_and_the_signal_is_never_signalled(devices, processes, nvml_env, use_pidfd):
+    """G12: the holder scanned exits, an unrelated process takes its PID before the first signal; the plan's identity
+    (PID and start time) no longer matches, so the newcomer is left alone and the holder is reported exited."""
+    helper, (pid,) = processes.holder("--open", devices.gpu(0))
+    reader = ProcReader()
+    request = holders_kill.KillRequest.from_params(dict(kill_args(devices), gpus=None, sources=["proc"], protected=[], protected_pids=[],
+                                                        ambiguous="report", max_targets=8, nvml_timeout=5, lock_timeout=5), reader)
+    # observed as the module would see it from a process of its own: this test's children are not its descendants
+    bystander = processes.decoy("module")
+    plan = holders_kill.observe(request, None, reader, self_pid=bystander.pid)
+    assert [target["pid"] for target in plan.targets] == [pid]
+    helper.kill()
+    helper.wait()
+    newcomer = spawn_with_pid(pid, processes)
+    if newcomer is None:
+        pytest.skip("cannot steer the next PID here (ns_last_pid needs root in the initial PID namespace)")
+    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=use_pidfd))
+    assert result["not_signalled"] == [{"pid": pid, "start_time": plan.targets[0]["start_time"], "reason": "pid reused by another process"}]
+    assert result["signals"] == [] and newcomer.poll() is None

@@ -19,6 +19,7 @@ def assert_args(devices, **extra) -> dict:
     return {"device_paths": devices.globs, "timeout": 2, "interval": 0.1, **extra}
 
 
+@pytest.mark.covers('M1', 'M14')
 def test_idle_gpus_pass_on_v2_used_with_the_reserve_reported_apart(devices, nvml_env):
     """M1, M14: idle GPUs show v2 used 0 and reserved 615 MiB; check mode measures the same way."""
     for check_mode in (False, True):
@@ -31,6 +32,7 @@ def test_idle_gpus_pass_on_v2_used_with_the_reserve_reported_apart(devices, nvml
         assert result["gpus"][0]["name"] == "NVIDIA H200" and result["driver_version"] == "580.159.04"
 
 
+@pytest.mark.covers('M2')
 def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes, nvml_env):
     """M2: v1 counts the 615 MiB reserve as used; comparing it raw with 512 MiB would fail an idle GPU."""
     sim.fault("nvmlDeviceGetMemoryInfo_v2", NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -44,6 +46,7 @@ def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes
     assert busy["gpus"][1]["compared_used_mib"] == 2048 + 615 - 1024
 
 
+@pytest.mark.covers('M3')
 def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, nvml_env):
     """M3: polling, not a fixed sleep: passes on the first reading after the holder exits."""
     proc, _pids = processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "2:30000")
@@ -52,6 +55,7 @@ def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, n
     assert result["passed"] is True
 
 
+@pytest.mark.covers('M4')
 def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes, nvml_env):
     """M4 (holder present): per-GPU used MiB, /proc holders, NVML processes."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--sim-root", str(sim.root), "--alloc", "2:40000")
@@ -59,7 +63,7 @@ def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes
     assert result.failed and result["passed"] is False and result["dirty"] == [2]
     message = result["msg"]
     assert "GPU 2 (GPU-" in message and "40000 MiB used > max_used_mib 512" in message
-    assert f"holders in /proc: {pid} (python3" in message or f"holders in /proc: {pid} (" in message
+    assert f"holders in /proc: {pid} (python, state S)" in message  # pid, command name and state
     assert f"NVML processes: {pid};" in message
     assert "holder_present" in message
     assert result["details"]["2"]["classification"] == "holder_present"
@@ -67,6 +71,7 @@ def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes
     assert result["elapsed"] >= 0.5
 
 
+@pytest.mark.covers('M4')
 def test_leaked_memory_without_holder_is_classified_no_holder_found(devices, sim, nvml_env):
     """M4 (leak): memory used, no process: a reset may be needed."""
     sim.gpus[1].leaked_mib = 8000
@@ -77,6 +82,7 @@ def test_leaked_memory_without_holder_is_classified_no_holder_found(devices, sim
     assert "a GPU reset may be needed" in result["msg"]
 
 
+@pytest.mark.covers('G3')
 def test_the_modules_own_nvml_worker_holds_every_device_yet_is_never_a_holder(devices, sim, nvml_env):
     """G3: an initialised NVML holds nvidiactl, nvidia-uvm and each GPU's node (the simulated library as the real
     one does). The module's own NVML worker - alive while a failure is explained - must never show up as a holder of a
@@ -98,6 +104,7 @@ def test_the_modules_own_nvml_worker_holds_every_device_yet_is_never_a_holder(de
     assert result["details"]["1"]["proc_holders"] == [] and result["details"]["1"]["classification"] == "no_holder_found"
 
 
+@pytest.mark.covers('M5')
 def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, processes, nvml_env):
     """M5: NVML lists only the dead parent; the forked child holds the memory (not 'idle')."""
     proc, (parent, child) = processes.holder("--open", devices.gpu(2), "--fork-child", "--sim-root", str(sim.root), "--alloc", "0:20480")
@@ -111,6 +118,7 @@ def test_stale_nvml_pid_is_marked_and_the_real_holder_named(devices, sim, proces
     assert detail["classification"] == "holder_present"
 
 
+@pytest.mark.covers('M17')
 def test_graphics_and_mps_processes_are_listed_by_type_and_their_memory_counts(devices, sim, processes, nvml_env):
     """M17: NVML's graphics and MPS lists are read besides compute; their memory makes the GPU dirty."""
     _helper, (xorg,) = processes.holder("--open", devices.gpu(2), "--comm", "Xorg")  # minor 2 is NVML index 0
@@ -125,6 +133,7 @@ def test_graphics_and_mps_processes_are_listed_by_type_and_their_memory_counts(d
         f"NVML processes: {mps} (mps), {xorg} (graphics);" in result["msg"]
 
 
+@pytest.mark.covers('M6')
 def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
     """M6: NVML runs in a worker that is abandoned when it does not answer."""
     sim.fault("nvmlDeviceGetMemoryInfo_v2", "hang")
@@ -135,6 +144,7 @@ def test_hung_nvml_call_fails_within_nvml_timeout(devices, sim, nvml_env):
     assert "nvml_timeout=1s" in result["msg"]
 
 
+@pytest.mark.covers('M18')
 def test_a_slow_first_nvml_call_is_waited_for_up_to_nvml_timeout(devices, sim, nvml_env):
     """M18: without persistence mode the driver initialises on the first NVML call, which can take seconds. Within
     nvml_timeout that is waited for; beyond it the task fails as hung instead of waiting on."""
@@ -145,6 +155,7 @@ def test_a_slow_first_nvml_call_is_waited_for_up_to_nvml_timeout(devices, sim, n
     assert hasty.failed and hasty["classification"] == "nvml_hung"
 
 
+@pytest.mark.covers('M12')
 @pytest.mark.parametrize("function", ["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3"])
 def test_a_query_nvml_refuses_is_never_a_pass(devices, sim, nvml_env, function):
     """M12 (the part that needs no MIG hardware): a parent handle that refuses a memory or process query
@@ -155,6 +166,7 @@ def test_a_query_nvml_refuses_is_never_a_pass(devices, sim, nvml_env, function):
     assert "Insufficient Permissions" in result["msg"]
 
 
+@pytest.mark.covers('M7', 'M8')
 @pytest.mark.parametrize(("status", "classification"), [("lost", "gpu_lost"), ("reset_required", "reset_required")])
 def test_lost_or_reset_required_gpu_fails_at_once(devices, sim, nvml_env, status, classification):
     """M7, M8: no waiting out the deadline; never a reset."""
@@ -168,6 +180,7 @@ def test_lost_or_reset_required_gpu_fails_at_once(devices, sim, nvml_env, status
     assert result["gpus"][3]["status"] == status
 
 
+@pytest.mark.covers('M9')
 def test_driver_not_loaded_and_library_missing_fail_without_traceback(devices, sim, nvml_env, tmp_path):
     """M9."""
     missing = run_module(MODULE, assert_args(devices), env=dict(nvml_env, LD_LIBRARY_PATH=str(tmp_path)))
@@ -178,6 +191,7 @@ def test_driver_not_loaded_and_library_missing_fail_without_traceback(devices, s
     assert "Traceback" not in unloaded.stderr
 
 
+@pytest.mark.covers('M10')
 def test_expected_count_mismatch_fails_at_once_listing_what_nvml_sees(devices, sim, nvml_env):
     """M10: 8 expected, NVML sees fewer (a GPU fell off the bus)."""
     result = run_module(MODULE, assert_args(devices, expected_count=8, timeout=60), env=nvml_env)
@@ -185,6 +199,7 @@ def test_expected_count_mismatch_fails_at_once_listing_what_nvml_sees(devices, s
     assert "3=00000000:48:00.0" in result["msg"]
 
 
+@pytest.mark.covers('M11')
 def test_selection_by_index_and_uuid_ignores_cuda_visible_devices(devices, sim, processes, nvml_env):
     """M11: NVML order, not CUDA's; only the selected GPUs are judged."""
     processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:9000")
@@ -201,6 +216,7 @@ def test_max_processes_counts_listed_processes(devices, sim, processes, nvml_env
     assert result.failed and "1 processes > max_processes 0" in result["msg"]
 
 
+@pytest.mark.covers('M16')
 @pytest.mark.parametrize(("args", "message"), [
     ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
     ({"max_used_mib": 10**7}, "max_used_mib: 10000000 MiB is more than GPU 0's total of 143771 MiB"),
@@ -220,6 +236,7 @@ def test_bad_input_is_rejected_before_polling(devices, nvml_env, args, message):
     assert message in result["msg"]
 
 
+@pytest.mark.covers('M3')
 def test_memory_released_seconds_after_the_holder_exits_is_waited_for(devices, sim, processes, nvml_env):
     """M3 with the driver's release lag: the holder is gone at once, the memory only 4 s later. The module must pass
     only after the release, having read NVML every interval meanwhile - a fixed sleep would show one or two readings."""

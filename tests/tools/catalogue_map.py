@@ -3,9 +3,11 @@
     python tests/tools/catalogue_map.py           print the map
     python tests/tools/catalogue_map.py --write   rewrite its section of docs/testing.md
 
-A test names the cases it covers: a pytest test in its docstring ("G5: ..." or "S24-S26, S33: ..."), a Molecule task
-in its name ("S19 | Freeze a running unit"). A case no test covers is listed in NOT_COVERED with the reason; the map
-holds both, and tests/unit/lab/test_catalogue_map.py keeps docs/testing.md equal to it.
+A test declares the cases it sets up and asserts: a pytest test with its marker (@pytest.mark.covers("G5", "G6")), a
+Molecule task in the part of its name before the first "|" ("S19 | Freeze a running unit"). A mention anywhere else - a
+docstring, a comment - counts for nothing. A case whose tests lack part of the catalogue's expectation is listed in
+PARTIAL with what they lack; a case no test covers in NOT_COVERED with the reason. The map holds all three apart, and
+tests/unit/lab/test_catalogue_map.py keeps docs/testing.md equal to it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ NOT_COVERED = {
 }
 
 
+# Tested, but not all of the catalogue's expectation: what the tests lack (read case by case against the catalogue)
+PARTIAL = {
+    "G20": "no holder whose /proc/<pid>/cmdline read really blocks (a frozen task holds no mmap lock); the D-state skip of "
+           "maps and cmdline is asserted on a frozen holder only",
+    "M4": "the memory that never frees is held by a live holder or leaked; no D-state or IPC-mapping holder",
+    "E11": "Ctrl-C in each phase and a rerun are tested; that nothing keeps waiting on the node afterwards (but the lease "
+           "wait) is not checked, and no SSH connection is dropped",
+}
+
+
 def cases_in(text: str) -> list[str]:
     found = []
     for match in CASE.finditer(text):
@@ -46,14 +58,30 @@ def cases_in(text: str) -> list[str]:
     return [case for case in dict.fromkeys(found) if case in CASES]
 
 
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
+def marked_cases(function: ast.FunctionDef) -> list[str]:
+    """The cases of a test's @pytest.mark.covers(...) marker."""
+    cases = []
+    for decorator in function.decorator_list:
+        if isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute) and decorator.func.attr == "covers":
+            for argument in decorator.args:
+                if not (isinstance(argument, ast.Constant) and argument.value in CASES):
+                    raise SystemExit(f"{function.name}: covers() takes catalogue case ids, got {ast.unparse(argument)}")
+                cases.append(argument.value)
+    return cases
+
+
 def pytest_references(root: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for path in sorted(root.rglob("test_*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                for case in cases_in(ast.get_docstring(node) or ""):
-                    found.setdefault(case, []).append(f"`{path.relative_to(REPO)}::{node.name}`")
+                for case in marked_cases(node):
+                    found.setdefault(case, []).append(f"`{shown(path)}::{node.name}`")
     return found
 
 
@@ -65,7 +93,7 @@ def molecule_references(root: Path) -> dict[str, list[str]]:
             if not name:
                 continue
             for case in cases_in(name.group(1).split("|")[0]):
-                where = f"`{path.relative_to(REPO)}`"
+                where = f"`{shown(path)}`"
                 if where not in found.setdefault(case, []):
                     found[case].append(where)
     return found
@@ -75,17 +103,21 @@ def build_map() -> tuple[str, int]:
     references = pytest_references(REPO / "tests")
     for case, places in molecule_references(REPO / "molecule").items():
         references.setdefault(case, []).extend(places)
-    lines = ["| case | covered by |", "|---|---|"]
-    covered = 0
+    lines = ["| case | status | tested by |", "|---|---|---|"]
+    counts = {"covered": 0, "partial": 0, "not covered": 0}
     for case in CASES:
         places = references.get(case, [])
-        if places:
-            covered += 1
-            lines.append(f"| {case} | {', '.join(places)} |")
+        if places and case in PARTIAL:
+            status, note = "partial", f"{', '.join(places)}; lacks: {PARTIAL[case]}"
+        elif places:
+            status, note = "covered", ", ".join(places)
         else:
-            lines.append(f"| {case} | not covered: {NOT_COVERED.get(case, 'NO TEST AND NO REASON')} |")
-    summary = f"{covered} of {len(CASES)} cases covered; the {len(CASES) - covered} others say why not."
-    return summary + "\n\n" + "\n".join(lines), covered
+            status, note = "not covered", NOT_COVERED.get(case, "NO TEST AND NO REASON")
+        counts[status] += 1
+        lines.append(f"| {case} | {status} | {note} |")
+    summary = (f"{counts['covered']} of {len(CASES)} cases covered, {counts['partial']} partial (each says what its tests lack), "
+               f"{counts['not covered']} not covered (each says why).")
+    return summary + "\n\n" + "\n".join(lines), counts["covered"]
 
 
 def section() -> str:

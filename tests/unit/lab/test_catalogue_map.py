@@ -15,16 +15,33 @@ def test_the_map_in_the_docs_is_the_generated_one():
     assert catalogue_map.section() in catalogue_map.DOC.read_text(), "run: python tests/tools/catalogue_map.py --write"
 
 
-def test_at_least_95_cases_are_covered_and_every_other_says_why():
+def test_every_case_is_covered_or_says_what_is_missing():
     text, covered = catalogue_map.build_map()
-    assert covered >= 95
+    assert covered >= 90
     assert "NO TEST AND NO REASON" not in text
+
+
+def test_a_partial_case_has_tests_and_names_what_they_lack():
+    references = catalogue_map.pytest_references(REPO / "tests")
+    references.update(catalogue_map.molecule_references(REPO / "molecule"))
+    assert sorted(set(catalogue_map.PARTIAL) - set(references)) == []
+    assert all(len(lack) > 20 for lack in catalogue_map.PARTIAL.values())
+
+
+def test_only_the_covers_marker_counts_not_a_mention(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n\n"
+        "def test_mentions():\n    \"\"\"G12: reuse, as G33 / S37 did.\"\"\"\n\n"
+        "@pytest.mark.covers('G5', 'M3')\ndef test_declares():\n    \"\"\"Protected names.\"\"\"\n")
+    found = catalogue_map.pytest_references(tmp_path)
+    assert sorted(found) == ["G5", "M3"] and all("test_declares" in place for places in found.values() for place in places)
 
 
 def test_a_case_listed_as_not_covered_has_no_test():
     references = catalogue_map.pytest_references(REPO / "tests")
     references.update(catalogue_map.molecule_references(REPO / "molecule"))
     assert sorted(set(catalogue_map.NOT_COVERED) & set(references)) == []
+    assert sorted(set(catalogue_map.NOT_COVERED) & set(catalogue_map.PARTIAL)) == []
 
 
 def test_case_ids_are_read_from_lists_and_ranges():

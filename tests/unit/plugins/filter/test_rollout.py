@@ -15,6 +15,7 @@ from conftest import REPO
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _rollout as rollout
 
 
+@pytest.mark.covers('E14')
 @pytest.mark.parametrize(("value", "batches"), [
     ([1, "25%"], [1, "25%"]),
     ("[1, 4]", [1, 4]),
@@ -31,6 +32,7 @@ def test_batches_from_every_documented_form(value, batches):
     assert rollout.rollout_batches(value) == batches
 
 
+@pytest.mark.covers('E14')
 @pytest.mark.parametrize(("value", "message"), [
     (0, "a batch needs at least 1 node (0 would switch every node at once, with no canary), got 0"),
     ("0", "a batch needs at least 1 node"),

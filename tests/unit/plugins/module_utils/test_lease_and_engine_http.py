@@ -36,6 +36,7 @@ def test_lease_is_exclusive_renewable_and_released(store):
     assert leases.acquire("run-b", 60, 0).taken
 
 
+@pytest.mark.covers('E2')
 def test_waiting_run_gets_an_expired_lease_and_names_the_dead_owner(store, monkeypatch):
     """E2: the owner died; once its lease expires the next run takes it over and says whose it was."""
     import time as time_module
@@ -177,6 +178,7 @@ def test_engine_ready_rejects_bad_timeouts_and_reports_an_engine_that_is_down():
     assert drained["drained"] is True and drained["answering"] is False
 
 
+@pytest.mark.covers('E11')
 def test_a_lease_changing_hands_waits_for_the_work_its_last_holder_left_running(store, tmp_path):
     """E11: an interrupted controller's cutover goes on on the node; the next run takes the lease only once it ended,
     and names it while it runs. The work lock is a real flock held by another open file, as engine_cutover holds it."""

@@ -71,6 +71,7 @@ def test_protected_names_match_comm_or_executable(comm, exe, expected):
     assert protected_name(comm, exe, list(BUILTIN_PROTECTED_NAMES)) == expected
 
 
+@pytest.mark.covers('M15')
 def test_poll_until_stops_at_the_deadline_without_overrunning():
     """M15: monotonic deadline; the last sleep is cut to what is left."""
     clock = FakeClock()
@@ -94,6 +95,7 @@ def test_poll_until_with_zero_timeout_probes_once():
     assert outcome.attempts == 1
 
 
+@pytest.mark.covers('M15')
 def test_a_real_poll_ignores_wall_clock_steps(monkeypatch):
     """M15 with the real clock: while a real poll runs, the wall clock jumps an hour ahead and then a day back (as an NTP
     step would); the poll neither ends at once nor waits a day: it probes for its own 0.3 s of monotonic time."""
@@ -114,12 +116,29 @@ def test_a_real_poll_ignores_wall_clock_steps(monkeypatch):
     assert 0.3 <= elapsed < 5  # bounds an hour apart: a deadline on the wall clock would end at once or never
 
 
-def test_deadline_ignores_wall_clock_steps():
+def test_deadline_expires_after_its_seconds_of_the_injected_clock():
     clock = FakeClock()
     deadline = Deadline(5, clock)
     clock.now += 4.9
     assert not deadline.expired() and deadline.remaining() == pytest.approx(0.1)
     clock.now += 0.1
+    assert deadline.expired() and deadline.remaining() == 0
+
+
+def test_deadline_ignores_wall_clock_steps(monkeypatch):
+    """A real Deadline (the default clock) while the wall clock steps an hour back and a day ahead: it neither expires
+    early nor late - it counts monotonic time only."""
+    import time
+
+    real_time, offset = time.time, [0.0]
+    monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
+    monkeypatch.setattr(time, "time_ns", lambda: int((real_time() + offset[0]) * 1e9))
+    deadline = Deadline(0.3)
+    offset[0] = -3600.0
+    assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
+    offset[0] = 86400.0
+    assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
+    time.sleep(0.35)
     assert deadline.expired() and deadline.remaining() == 0
 
 
@@ -162,6 +181,7 @@ def test_assess_flags_used_memory_processes_and_fatal_status():
     assert problems[2] == ["NVML status lost: GPU is lost"]
 
 
+@pytest.mark.covers('M2')
 def test_v1_reading_is_compared_after_subtracting_the_reserve():
     """M2: v1 615 MiB on an idle GPU is 0 after the reserve; a raw comparison would fail a 512 MiB check."""
     idle_v1 = {"memory_api": "v1", "used_mib": 615}
@@ -190,6 +210,7 @@ def test_stale_nvml_pid_is_marked_in_details():
     assert details[1]["classification"] == memory.NO_HOLDER_FOUND
 
 
+@pytest.mark.covers('M3', 'M7')
 def test_watch_passes_when_memory_frees_and_stops_early_on_a_lost_gpu():
     """M3, M7 with an injected clock and scripted NVML readings."""
     request = memory.MemoryRequest(None, None, memory.Limits(512), timeout=30, interval=0.5, nvml_timeout=10, device_paths=[])
@@ -256,6 +277,7 @@ def _plan_of(*units):
     return KillPlan(holders=holders, targets=list(holders))
 
 
+@pytest.mark.covers('G25')
 @pytest.mark.parametrize("outside_units", ["kill", "report"])
 def test_a_holder_in_a_service_systemd_restarts_is_never_killed_alone(outside_units):
     """G25: with kill the task is refused naming the unit; with report the holder is left and listed."""

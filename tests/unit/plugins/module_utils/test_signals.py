@@ -36,6 +36,7 @@ def identity(proc: subprocess.Popen) -> ProcessIdentity:
     return ProcessIdentity(proc.pid, ProcReader().start_time(proc.pid))
 
 
+@pytest.mark.covers('G10')
 @pytest.mark.parametrize("use_pidfd", [True, False])
 def test_reused_pid_is_never_signalled(procs, use_pidfd):
     """G10/G12 via psutil's technique: the recorded start time no longer matches the process at that PID."""
@@ -46,6 +47,7 @@ def test_reused_pid_is_never_signalled(procs, use_pidfd):
     assert outcome.signals == [] and alive(proc.pid)
 
 
+@pytest.mark.covers('G30')
 @pytest.mark.parametrize("use_pidfd", [True, False])
 def test_term_then_kill_gives_the_same_results_with_and_without_pidfds(procs, use_pidfd):
     """G30: the fallback path (start-time re-check before kill) behaves the same on these cases."""
@@ -58,6 +60,7 @@ def test_term_then_kill_gives_the_same_results_with_and_without_pidfds(procs, us
     assert not alive(polite.pid) and not alive(stubborn.pid)
 
 
+@pytest.mark.covers('G13', 'G31')
 def test_process_that_exits_before_the_first_signal_is_reported_not_signalled(procs):
     """G13/G31: gone between the scan and the signal; pidfd_open's ESRCH/EINVAL mean 'exited', not an error."""
     proc = procs()
@@ -95,6 +98,7 @@ def test_pid_one_is_refused_even_if_planned():
         Signaller().open(ProcessIdentity(1, 1))
 
 
+@pytest.mark.covers('G16')
 def test_sigcont_follows_sigterm_for_stopped_processes(procs):
     """G16 at the signalling layer: a stopped process exits on SIGTERM only once continued."""
     proc = procs()
@@ -104,6 +108,7 @@ def test_sigcont_follows_sigterm_for_stopped_processes(procs):
     assert [p.pid for p in outcome.terminated] == [proc.pid]
 
 
+@pytest.mark.covers('G32')
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a signaller that drops to an unprivileged user")
 @pytest.mark.parametrize("use_pidfd", [True, False])
 def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs, use_pidfd):

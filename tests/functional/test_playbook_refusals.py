@@ -1,0 +1,81 @@
+"""The playbooks run by ansible-playbook with a bad request: refused before any node is touched, and the report of an
+earlier run removed so that it never passes for this one's.
+
+The inventory's nodes are SSH hosts on a loopback port where nothing listens: a task that reached for a node would make
+it UNREACHABLE, so a refusal with no node reached shows that none was touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import COLLECTIONS, REPO
+
+PLAYBOOKS = REPO / "playbooks"
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    port = closed_port()
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[gpu_nodes]\n" + "".join(f"node{n} ansible_host=127.0.0.1 ansible_port={port}\n" for n in (1, 2))
+                         + "\n[gpu_nodes:vars]\nansible_connection=ssh\nansible_ssh_common_args='-o ConnectTimeout=2'\n"
+                         + "vllm_model=/models/m\nsglang_model=/models/m\n")
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    return inventory, reports
+
+
+def run_playbook(name: str, inventory, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+           "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_NOCOLOR": "1"}
+    command = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / name), *extra]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+
+
+@pytest.mark.covers("E14", "E12")
+@pytest.mark.parametrize(("extra", "named"), [
+    (["-e", "target=trtllm"], "set the engine to switch to: -e target=vllm or -e target=sglang (got trtllm)"),
+    ([], "(got nothing)"),
+    (["-e", "target=sglang", "-e", "switch_engine_serial=0"], "switch_engine_serial"),
+    (["-e", "target=sglang", "-e", "switch_engine_serial=[1, 4]"], "switch_engine_serial"),
+    (["-e", "target=sglang", "-e", '{"switch_engine_serial": [1, "-25%"]}'], "switch_engine_serial"),
+    (["-e", "target=sglang", "-e", "switch_engine_max_fail_percentage=half"], "switch_engine_max_fail_percentage"),
+])
+def test_a_bad_switch_request_touches_no_node_and_leaves_no_stale_report(fleet, extra, named):
+    """E14: extra-vars typed wrong are refused before any node is touched, the message naming the variable; E12 (its
+    stale-report clause): the report an earlier run left is removed, so that nothing older passes for this run's."""
+    inventory, reports = fleet
+    for suffix in ("json", "html"):
+        (reports / f"switch_engine.{suffix}").write_text(json.dumps({"run_id": "an earlier run"}))
+    run = run_playbook("switch_engine.yml", inventory, "-e", f"switch_engine_report_dir={reports}", *extra)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and named in output, output[-3000:]
+    # the controller's tasks run once, delegated to localhost (shown as "node1 -> localhost"); none went to a node
+    recap = [line.split() for line in output.split("PLAY RECAP")[-1].splitlines() if line.startswith("node")]
+    assert "UNREACHABLE" not in output and recap and all("unreachable=0" in line for line in recap), output[-3000:]
+    assert sorted(path.name for path in reports.iterdir()) == []
+
+
+@pytest.mark.covers("E14")
+def test_the_documented_forms_of_the_batches_are_accepted_up_to_the_first_node(fleet):
+    """E14: the forms docs print - a count, a share, a list with no spaces, JSON - pass the validation; the run then
+    reaches for the nodes (here: unreachable, reported as such)."""
+    inventory, reports = fleet
+    for form in (["-e", "switch_engine_serial=1"], ["-e", "switch_engine_serial=25%"], ["-e", "switch_engine_serial=1,4"],
+                 ["-e", '{"switch_engine_serial": [1, "25%"]}']):
+        run = run_playbook("switch_engine.yml", inventory, "-e", "target=sglang", "-e", f"switch_engine_report_dir={reports}", *form)
+        report = json.loads((reports / "switch_engine.json").read_text())
+        assert report["hosts"]["node1"]["result"] in ("unreachable", "failed"), (form, run.stdout[-2000:])
