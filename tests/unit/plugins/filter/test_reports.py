@@ -347,3 +347,15 @@ def test_check_mode_says_which_version_would_be_installed():
     assert "node2: would install sglang 0.34.0 (now 0.33.0) before the drain" in table
     fresh = dict(planned_record(), plan=dict(planned_record()["plan"], target_install={"version": "0.34.0", "installed": None}))
     assert "(now not installed)" in reports.switch_table(reports.switch_run_report({"node2": reports.switch_host_report(fresh)}, {}))
+
+
+def test_the_cleanup_lists_other_users_gpu_processes_apart_with_what_became_of_them():
+    """gpu_cleanup.yml kills foreign holders by default; its table and report name them apart (in --check: would be signalled)."""
+    alice = dict(PROCESS, pid=51, comm="python3", unit="session-4.scope", placement="session", user="alice", foreign=True)
+    bob = dict(PROCESS, pid=52, comm="jupyter", unit=None, placement="elsewhere", user="bob", foreign=True)
+    killed = reports.teardown_host_report(teardown_steps(holders={"killed": [alice], "foreign": [alice]}))
+    planned = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [bob], "foreign": [bob]}))
+    assert [(p["pid"], p["user"]) for p in killed["foreign"]] == [(51, "alice")]
+    table = reports.teardown_table(reports.teardown_run_report({"node1": killed, "node2": planned}, {}))
+    assert "node1: ANOTHER USER'S GPU process 51 python3 (user alice, session-4.scope, session): killed" in table
+    assert "node2: ANOTHER USER'S GPU process 52 jupyter (user bob, no unit, elsewhere): would be signalled" in table

@@ -245,6 +245,7 @@ class _Nvml:
         return {"gpus": [{"index": 0, "uuid": "GPU-0", "minor": 0, "processes": self.processes}]}
 
 
+@pytest.mark.covers("G8")
 @pytest.mark.parametrize(("namespaced", "processes", "warned"), [
     (True, [], False),  # the lab's case: a PID namespace, NVML lists nothing unconfirmed - nothing to say
     (False, [{"pid": 4_000_000 - 7, "used_mib": 10, "type": "compute"}], False),
