@@ -1,0 +1,224 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""model_stage without Ansible: is a checkpoint complete, how much must be fetched, is there room, what may be removed.
+
+Everything here is a pure function of what was observed: a directory's files and their sizes (``Listing``), the first
+bytes of a file when its own header says how long it must be (safetensors), the source's file list with sizes (a hub
+repository's metadata), the free space, and the model directories under a models root. The module observes, these
+decide.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+
+MIB = 1 << 20
+# a hub repository: org/name, as the hub spells them
+HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# llama.cpp's split GGUF: name-00001-of-00010.gguf
+SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# a safetensors header longer than this is garbage, not a header (the format's own limit is 100 MB)
+MAX_SAFETENSORS_HEADER = 100 * MIB
+PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass
+class Listing:
+    """A model directory as observed: relative file name -> bytes, and a reader of a file's first bytes."""
+
+    files: dict[str, int]
+    read_head: Callable[[str, int], bytes] = field(default=lambda _name, _count: b"", repr=False)
+
+
+def parse_source(source: str) -> str:
+    """'hub' for org/name, 'path' for an absolute path; anything else is refused naming the forms."""
+    if source.startswith("/"):
+        if "\0" in source or "\n" in source or "/../" in f"{source}/":
+            raise InvalidInput(f"source: {source!r} is not a clean absolute path")
+        return "path"
+    if HUB_NAME.match(source) and ".." not in source:
+        return "hub"
+    raise InvalidInput(f"source: {source!r} is neither a hub repository (org/name) nor an absolute path")
+
+
+def safetensors_size(head: bytes) -> int | None:
+    """The length a safetensors file must have, from its first bytes (8-byte header length, then the JSON header);
+    None where they are not a safetensors header."""
+    if len(head) < 8:
+        return None
+    (header_length,) = struct.unpack("<Q", head[:8])
+    if header_length > MAX_SAFETENSORS_HEADER or len(head) < 8 + header_length:
+        return None
+    try:
+        header = json.loads(head[8:8 + header_length])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    ends = [entry["data_offsets"][1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets") or []) == 2]
+    return 8 + header_length + max(ends, default=0)
+
+
+def header_bytes_needed(head: bytes) -> int:
+    """How many leading bytes safetensors_size needs, from the first 8."""
+    return 8 + struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 8
+
+
+def checkpoint_problems(listing: Listing, expected_sizes: dict[str, int] | None = None) -> list[str]:
+    """Why a model directory is not a complete checkpoint; [] when it is.
+
+    Every file an index names is there; every safetensors file has the length its own header gives; every part of
+    a split GGUF is there; files whose size the source gave (expected_sizes) have exactly that size.
+    """
+    files = listing.files
+    problems = []
+    weights = [name for name in files if name.endswith(WEIGHT_SUFFIXES)]
+    gguf_only = weights and all(name.endswith(".gguf") for name in weights)
+    if "config.json" not in files and not gguf_only:
+        problems.append("no config.json")
+    if not weights:
+        problems.append(f"no weight files ({', '.join('*' + suffix for suffix in WEIGHT_SUFFIXES)})")
+    for index in INDEXES:
+        if index in files:
+            problems += _index_problems(listing, index)
+    problems += _split_gguf_problems(files)
+    for name in sorted(files):
+        if name.endswith(".safetensors"):
+            problem = _safetensors_problem(listing, name)
+            if problem:
+                problems.append(problem)
+    for name, size in sorted((expected_sizes or {}).items()):
+        if name not in files:
+            problems.append(f"{name} is missing")
+        elif files[name] != size:
+            problems.append(f"{name} has {files[name]} bytes, the source has {size}")
+    return list(dict.fromkeys(problems))
+
+
+def _index_problems(listing: Listing, index: str) -> list[str]:
+    try:
+        weight_map = json.loads(listing.read_head(index, 64 * MIB)).get("weight_map") or {}
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return [f"{index} cannot be read as JSON"]
+    return [f"{name}, named by {index}, is missing" for name in sorted(set(weight_map.values())) if name not in listing.files]
+
+
+def _split_gguf_problems(files: dict[str, int]) -> list[str]:
+    parts: dict[str, tuple[int, set[int]]] = {}
+    for name in files:
+        match = SPLIT_GGUF.match(posixpath.basename(name))
+        if match:
+            stem = posixpath.join(posixpath.dirname(name), match["stem"])
+            count, seen = parts.get(stem, (int(match["count"]), set()))
+            seen.add(int(match["part"]))
+            parts[stem] = (max(count, int(match["count"])), seen)
+    problems = []
+    for stem, (count, seen) in sorted(parts.items()):
+        missing = [part for part in range(1, count + 1) if part not in seen]
+        if missing:
+            shown = ", ".join(f"{part:05d}" for part in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            problems.append(f"split GGUF {stem}: part(s) {shown} of {count:05d} missing")
+    return problems
+
+
+def _safetensors_problem(listing: Listing, name: str) -> str | None:
+    head = listing.read_head(name, 8)
+    need = header_bytes_needed(head)
+    if need > MAX_SAFETENSORS_HEADER + 8:
+        return f"{name} is not a safetensors file (its header length is garbage)"
+    expected = safetensors_size(listing.read_head(name, need))
+    if expected is None:
+        return f"{name} is not a safetensors file (no readable header)"
+    if listing.files[name] != expected:
+        return f"{name} has {listing.files[name]} bytes, its header says {expected} (cut short or padded)"
+    return None
+
+
+@dataclass
+class StagePlan:
+    """What staging would do: the files to fetch and their bytes, the room, the directories to remove."""
+
+    fetch: list[tuple[str, int]]
+    fetch_bytes: int
+    free_bytes: int
+    needed_bytes: int  # fetch_bytes plus the margin
+    remove: list[dict]  # [{path, bytes}] under the models root, in the order they would go
+    room: bool
+    message: str
+
+
+def plan_fetch(source_files: list[tuple[str, int]], present: dict[str, int]) -> list[tuple[str, int]]:
+    """The source's files that are not already here with their size (a partial download keeps what it finished)."""
+    return [(name, size) for name, size in source_files if present.get(name) != size]
+
+
+def plan_room(fetch: list[tuple[str, int]], free_bytes: int, margin_bytes: int, candidates: list[dict], prune: bool) -> StagePlan:
+    """Room for the fetch (plus a margin), using the removable directories only with the opt-in.
+
+    candidates: model directories that may go (no engine configured on the node uses them), largest first is not
+    assumed - they go in the order given until there is room, and no further.
+    """
+    fetch_bytes = sum(size for _name, size in fetch)
+    needed = fetch_bytes + margin_bytes if fetch else 0
+    remove, freed = [], 0
+    if prune and free_bytes < needed:
+        for candidate in candidates:
+            if free_bytes + freed >= needed:
+                break
+            remove.append(candidate)
+            freed += candidate["bytes"]
+    room = free_bytes + freed >= needed
+    if not room:  # removing models that still leave too little room would only lose them
+        remove, freed = [], 0
+    figures = (f"{_gib(fetch_bytes)} to fetch + {_gib(margin_bytes)} margin, {_gib(free_bytes)} free"
+               + (f", {_gib(freed)} from removing {len(remove)} unused model director(y/ies)" if remove else ""))
+    if room:
+        message = figures
+    elif candidates and not prune:
+        message = (f"not enough room: {figures}; {len(candidates)} unused model director(y/ies) under the models root hold "
+                   f"{_gib(sum(c['bytes'] for c in candidates))} (removed only with prune)")
+    else:
+        message = f"not enough room: {figures}"
+    return StagePlan(fetch=fetch, fetch_bytes=fetch_bytes, free_bytes=free_bytes, needed_bytes=needed, remove=remove, room=room, message=message)
+
+
+def prune_candidates(directories: list[dict], keep: list[str], models_root: str) -> list[dict]:
+    """Model directories under models_root that may be removed: not kept (in use by an engine configured here, the
+    running engine's, the target's), not above or below a kept path, directly under the root. Least recently used first.
+
+    directories: [{path, bytes, used (last access, unix seconds)}] as observed.
+    """
+    root = posixpath.normpath(models_root)
+    kept = [posixpath.normpath(path) for path in keep if path]
+    removable = []
+    for directory in directories:
+        path = posixpath.normpath(directory["path"])
+        if posixpath.dirname(path) != root or path == root:
+            continue
+        if any(path == k or k.startswith(path + "/") or path.startswith(k + "/") for k in kept):
+            continue
+        removable.append(dict(directory, path=path))
+    return sorted(removable, key=lambda d: (d.get("used") or 0, d["path"]))
+
+
+def partial_path(dest: str) -> str:
+    """Where a download goes until it is complete: never taken for a model (the engines are pointed at dest)."""
+    return dest.rstrip("/") + PARTIAL_SUFFIX
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:.2f} GiB"

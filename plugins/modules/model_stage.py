@@ -1,0 +1,348 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_stage
+short_description: Put a model on the node, complete, before its engine needs it
+version_added: 0.3.0
+description:
+  - Makes a model present and complete on the GPU node while the engine it replaces still serves, so that nothing is
+    downloaded, and no full disk is found, inside a switch's downtime.
+  - A hub repository (O(source) C(org/name), at O(revision)) is downloaded with C(huggingface_hub) - the library the
+    engines use - from O(endpoint) (an internal mirror, or the hub) with the token of O(token_file), into O(dest)
+    through C(<dest>.partial), renamed to O(dest) only once every file is there with the size the source gives and
+    every safetensors file has the length its own header gives. An interrupted download resumes on the next run from
+    what C(<dest>.partial) holds; a partial download is never taken for a model.
+  - A local path (O(source) absolute, no O(dest)) is verified - every file its index (C(model.safetensors.index.json),
+    C(pytorch_model.bin.index.json)) names is there, every safetensors file is as long as its header says, every part
+    of a split GGUF (C(name-00001-of-00010.gguf)) is there - and the module fails naming what is missing.
+  - Room first - the bytes to fetch come from the source's metadata before a byte is written; with less free space than
+    that plus O(margin_mib) the module fails with the figures and writes nothing. With O(prune), model directories
+    directly under O(models_root) that are not in O(keep) are removed, least recently used first, until there is room
+    (never when even all of them would not make room).
+author:
+  - gpufleet.serving contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.serving.attributes
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads the source's metadata and the disk, and says what would be fetched (files, bytes), removed and how much room it needs; writes nothing.
+options:
+  source:
+    description: A hub repository (C(org/name)) or an absolute path to a model directory (or C(.gguf) file) on the node.
+    type: str
+    required: true
+  revision:
+    description: The hub revision (a branch, tag or commit).
+    type: str
+    default: main
+  dest:
+    description: Where a hub repository is put (the directory the engine's unit is pointed at). Required for a hub O(source).
+    type: path
+  owner:
+    description: The user that owns the staged files (the engine's user); they stay readable for it. Empty - as written (root).
+    type: str
+    default: ""
+  endpoint:
+    description: The hub's address, for example an internal mirror on the node's network; empty - C(HF_ENDPOINT), else the hub.
+    type: str
+    default: ""
+  token_file:
+    description: A root-only file holding the hub token (never a module argument, so never in a log). Empty - no token.
+    type: path
+  margin_mib:
+    description: MiB to leave free on the destination's file system besides the download.
+    type: int
+    default: 10240
+  models_root:
+    description: The directory holding the node's model directories; what O(prune) may remove is directly under it.
+    type: path
+  keep:
+    description: Model paths never removed - every model an engine configured on the node uses, and O(dest) itself.
+    type: list
+    elements: path
+    default: []
+  prune:
+    description: Remove unused model directories under O(models_root) (not in O(keep)) when there is not enough room.
+    type: bool
+    default: false
+  timeout:
+    description: Seconds the download may take; past it the module fails, and the next run resumes from what it fetched.
+    type: float
+    default: 14400
+requirements:
+  - huggingface_hub on the node for a hub O(source)
+seealso:
+  - module: gpufleet.serving.engine_preflight
+  - module: gpufleet.serving.weights_prewarm
+"""
+
+EXAMPLES = r"""
+---
+- name: Stage the target's model from the internal mirror while vLLM still serves
+  gpufleet.serving.model_stage:
+    source: meta-llama/Llama-3.3-70B-Instruct
+    dest: /models/Llama-3.3-70B-Instruct
+    owner: sglang
+    endpoint: http://hf-mirror.internal:8090
+    token_file: /etc/gpufleet/hf-token
+    models_root: /models
+    keep: [/models/Llama-3.3-70B-Instruct-NVFP4]
+    prune: true
+  become: true
+
+- name: Is a local checkpoint complete?
+  gpufleet.serving.model_stage:
+    source: /models/Llama-405B-Q4_K_M
+"""
+
+RETURN = r"""
+kind:
+  description: C(hub) or C(path).
+  returned: always
+  type: str
+dest:
+  description: Where the model is (O(dest), or O(source) for a local path).
+  returned: always
+  type: str
+present:
+  description: The model was already there, complete; nothing was fetched.
+  returned: always
+  type: bool
+fetch:
+  description: The files fetched (or, in check mode, to fetch), each with C(name) and C(bytes).
+  returned: always
+  type: list
+  elements: dict
+bytes:
+  description: Bytes fetched by this run (in check mode, to fetch).
+  returned: always
+  type: int
+seconds:
+  description: Seconds downloading.
+  returned: always
+  type: float
+rate_mib_s:
+  description: Bytes fetched per second, in MiB/s; null when nothing was fetched.
+  returned: always
+  type: float
+room:
+  description: C(free_bytes), C(needed_bytes) (the fetch plus the margin) and whether there is room (C(ok)).
+  returned: always
+  type: dict
+removed:
+  description: Model directories removed (in check mode, that would be), each with C(path) and C(bytes).
+  returned: always
+  type: list
+  elements: dict
+problems:
+  description: What makes the model incomplete (a missing shard, a short file), before this run's download.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+import pwd
+import shutil
+import signal
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+
+try:
+    import huggingface_hub
+except ImportError:
+    huggingface_hub = None
+    HF_IMPORT_ERROR = traceback.format_exc()
+else:
+    HF_IMPORT_ERROR = None
+
+ARGUMENT_SPEC = dict(
+    source=dict(type="str", required=True),
+    revision=dict(type="str", default="main"),
+    dest=dict(type="path"),
+    owner=dict(type="str", default=""),
+    endpoint=dict(type="str", default=""),
+    token_file=dict(type="path", no_log=False),
+    margin_mib=dict(type="int", default=10240),
+    models_root=dict(type="path"),
+    keep=dict(type="list", elements="path", default=[]),
+    prune=dict(type="bool", default=False),
+    timeout=dict(type="float", default=14400),
+)
+
+
+class Disk:
+    """What the module reads and writes on the node: the one seam tests replace."""
+
+    def listing(self, directory: str) -> staging.Listing:
+        files = {}
+        for top, dirs, names in os.walk(directory):
+            dirs[:] = [d for d in dirs if not (top == directory and d == ".cache")]  # huggingface_hub's own bookkeeping
+            for name in names:
+                path = os.path.join(top, name)
+                files[os.path.relpath(path, directory)] = os.stat(path).st_size
+
+        def read_head(name: str, count: int) -> bytes:
+            with open(os.path.join(directory, name), "rb") as source:
+                return source.read(count)
+        return staging.Listing(files, read_head)
+
+    def free_bytes(self, path: str) -> int:
+        while not os.path.exists(path):
+            path = os.path.dirname(path)
+        status = os.statvfs(path)
+        return status.f_bavail * status.f_frsize
+
+    def model_directories(self, root: str) -> list[dict]:
+        found = []
+        for entry in os.scandir(root) if root and os.path.isdir(root) else []:
+            if entry.is_dir(follow_symlinks=False):
+                size = sum(os.path.getsize(os.path.join(top, name)) for top, _dirs, names in os.walk(entry.path) for name in names)
+                found.append({"path": entry.path, "bytes": size, "used": entry.stat(follow_symlinks=False).st_atime})
+        return found
+
+
+def hub_files(params: dict, token: str | None) -> tuple[list[tuple[str, int]], str]:
+    api = huggingface_hub.HfApi(endpoint=params["endpoint"] or None, token=token)
+    info = api.model_info(params["source"], revision=params["revision"], files_metadata=True)
+    return [(sibling.rfilename, int(sibling.size or 0)) for sibling in info.siblings], info.sha
+
+
+def read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    status = os.stat(path)
+    if status.st_mode & 0o077:
+        raise Error(f"token_file: {path} is readable by others (mode {status.st_mode & 0o777:04o}); make it 0600, owned by root")
+    with open(path) as source:
+        return source.read().strip() or None
+
+
+def download(params: dict, token: str | None, partial: str, fetch_bytes: int, disk: Disk) -> float:
+    """snapshot_download in a child process, so that the timeout holds (its worker threads go with it)."""
+    started = time.monotonic()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe and its exit status
+        os.close(reader)
+        try:
+            huggingface_hub.snapshot_download(params["source"], revision=params["revision"], local_dir=partial, token=token,
+                                              endpoint=params["endpoint"] or None, etag_timeout=30)
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent says it
+            os.write(writer, f"{type(exc).__name__}: {exc}"[:2000].encode())
+            os._exit(1)
+        os._exit(0)
+    os.close(writer)
+    deadline = started + params["timeout"]
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() >= deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            os.close(reader)
+            have = sum(disk.listing(partial).files.values()) if os.path.isdir(partial) else 0
+            raise Error(f"{params['source']}: not downloaded within timeout {params['timeout']:g}s ({have / 2**30:.2f} of "
+                        f"{fetch_bytes / 2**30:.2f} GiB in {partial}); a rerun resumes from there")
+        time.sleep(0.2)
+    message = os.read(reader, 4096).decode(errors="replace")
+    os.close(reader)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise Error(f"{params['source']}: the download failed: {message or 'no message'}; a rerun resumes from {partial}")
+    return time.monotonic() - started
+
+
+def chown_tree(path: str, owner: str) -> None:
+    entry = pwd.getpwnam(owner)
+    for top, dirs, names in os.walk(path):
+        for name in [top] + [os.path.join(top, n) for n in dirs + names]:
+            os.lchown(name, entry.pw_uid, entry.pw_gid)
+
+
+def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
+    params = module.params
+    dest = params["dest"]
+    partial = staging.partial_path(dest)
+    token = read_token(params["token_file"])
+    source_files, _commit = hub_files(params, token)
+    expected = dict(source_files)
+    if os.path.isdir(dest):
+        problems = staging.checkpoint_problems(disk.listing(dest), expected)
+        if not problems:
+            return dict(result, present=True)
+        result["problems"] = problems
+    have = disk.listing(partial).files if os.path.isdir(partial) else {}
+    fetch = staging.plan_fetch(source_files, have)
+    candidates = staging.prune_candidates(disk.model_directories(params["models_root"]), params["keep"] + [dest, partial],
+                                          params["models_root"]) if params["models_root"] else []
+    plan = staging.plan_room(fetch, disk.free_bytes(dest), params["margin_mib"] * staging.MIB, candidates, params["prune"])
+    result.update(fetch=[{"name": name, "bytes": size} for name, size in fetch], bytes=plan.fetch_bytes,
+                  room={"free_bytes": plan.free_bytes, "needed_bytes": plan.needed_bytes, "ok": plan.room},
+                  removed=[{"path": c["path"], "bytes": c["bytes"]} for c in plan.remove])
+    if not plan.room:
+        module.fail_json(msg=f"{params['source']}: {plan.message}; nothing was written", **result)
+    if module.check_mode:
+        return dict(result, changed=bool(fetch) or bool(plan.remove) or not os.path.isdir(dest))
+    for candidate in plan.remove:
+        shutil.rmtree(candidate["path"])
+    seconds = download(params, token, partial, plan.fetch_bytes, disk)
+    problems = staging.checkpoint_problems(disk.listing(partial), expected)
+    if problems:
+        module.fail_json(msg=f"{params['source']}: the download is incomplete ({'; '.join(problems[:5])}); a rerun resumes it", **result)
+    if params["owner"]:
+        chown_tree(partial, params["owner"])
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)  # an incomplete copy (problems above), never the complete one
+    os.rename(partial, dest)
+    rate = plan.fetch_bytes / seconds / staging.MIB if seconds > 0 and plan.fetch_bytes else None
+    return dict(result, changed=True, seconds=round(seconds, 3), rate_mib_s=round(rate, 1) if rate else None)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    disk = Disk()
+    try:
+        kind = staging.parse_source(params["source"])
+        if params["margin_mib"] < 0 or params["timeout"] <= 0:
+            raise Error("margin_mib must be at least 0 and timeout greater than 0")
+        result = dict(changed=False, kind=kind, dest=params["dest"] or params["source"], present=False, fetch=[], bytes=0, seconds=0.0,
+                      rate_mib_s=None, room={}, removed=[], problems=[])
+        if kind == "path":
+            if params["dest"]:
+                raise Error("dest: a local source is verified where it is; give dest only with a hub source")
+            if not os.path.exists(params["source"]):
+                module.fail_json(msg=f"{params['source']} does not exist", **result)
+            listing = disk.listing(params["source"]) if os.path.isdir(params["source"]) else staging.Listing(
+                {os.path.basename(params["source"]): os.path.getsize(params["source"])})
+            problems = staging.checkpoint_problems(listing)
+            if problems:
+                module.fail_json(msg=f"{params['source']} is not a complete checkpoint: {'; '.join(problems[:10])}", **dict(result, problems=problems))
+            module.exit_json(**dict(result, present=True))
+        if not params["dest"] or not os.path.isabs(params["dest"]):
+            raise Error("dest: an absolute path is required for a hub source (the directory the engine's unit will read)")
+        if huggingface_hub is None:
+            module.fail_json(msg=missing_required_lib("huggingface_hub", reason="to download a hub repository"), exception=HF_IMPORT_ERROR)
+        module.exit_json(**stage_hub(module, disk, result))
+    except Error as exc:
+        module.fail_json(msg=exc.msg)
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"{params['source']}: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""model_stage's decisions: is a checkpoint complete (index, safetensors lengths, split GGUF), what to fetch, room,
+what may be removed - from listings built in memory, with real safetensors headers."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._staging import (
+    Listing,
+    checkpoint_problems,
+    parse_source,
+    plan_fetch,
+    plan_room,
+    prune_candidates,
+    safetensors_size,
+)
+
+GIB = 2**30
+
+
+def safetensors_bytes(tensor_bytes: int) -> bytes:
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "w": {"dtype": "F32", "shape": [tensor_bytes // 4], "data_offsets": [0, tensor_bytes]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * tensor_bytes
+
+
+def listing(contents: dict[str, bytes], sizes: dict[str, int] | None = None) -> Listing:
+    """A directory of these files (sizes may override the content's length: a file cut short or padded)."""
+    return Listing({name: (sizes or {}).get(name, len(data)) for name, data in contents.items()},
+                   lambda name, count: contents[name][:count])
+
+
+def sharded(shards: int = 3) -> dict[str, bytes]:
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    files = {name: safetensors_bytes(64 * (i + 1)) for i, name in enumerate(names)}
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": {f"layer.{i}": name for i, name in enumerate(names)}}).encode()
+    files["config.json"] = b"{}"
+    return files
+
+
+def test_a_complete_sharded_checkpoint_has_no_problem():
+    assert checkpoint_problems(listing(sharded())) == []
+
+
+def test_a_shard_the_index_names_is_missing():
+    files = sharded()
+    del files["model-00002-of-00003.safetensors"]
+    assert checkpoint_problems(listing(files)) == ["model-00002-of-00003.safetensors, named by model.safetensors.index.json, is missing"]
+
+
+def test_a_short_safetensors_file_is_found_by_its_own_header():
+    """A download cut short: the header says how long the file must be."""
+    files = sharded()
+    name = "model-00003-of-00003.safetensors"
+    full = len(files[name])
+    problems = checkpoint_problems(listing(files, sizes={name: full - 10}))
+    assert problems == [f"{name} has {full - 10} bytes, its header says {full} (cut short or padded)"]
+
+
+def test_garbage_weights_are_not_a_checkpoint():
+    files = {"config.json": b"{}", "model.safetensors": b"\xff" * 64}
+    assert checkpoint_problems(listing(files)) == ["model.safetensors is not a safetensors file (its header length is garbage)"]
+
+
+def test_split_gguf_parts_are_counted():
+    files = {f"Llama-405B-Q4_K_M-{i:05d}-of-00010.gguf": b"GGUF" for i in (1, 2, 3, 5, 6, 7, 8, 9, 10)}
+    assert checkpoint_problems(listing(files)) == ["split GGUF Llama-405B-Q4_K_M: part(s) 00004 of 00010 missing"]
+    files["Llama-405B-Q4_K_M-00004-of-00010.gguf"] = b"GGUF"
+    assert checkpoint_problems(listing(files)) == []
+
+
+def test_a_directory_without_config_or_weights_says_both():
+    assert checkpoint_problems(listing({"README.md": b"hi"})) == ["no config.json", "no weight files (*.safetensors, *.bin, *.pt, *.gguf)"]
+
+
+def test_sizes_the_source_gives_are_checked_exactly():
+    files = sharded(1)
+    files["tokenizer.json"] = b"{}"
+    assert checkpoint_problems(listing(files), {"tokenizer.json": 3, "generation_config.json": 10}) == [
+        "generation_config.json is missing", "tokenizer.json has 2 bytes, the source has 3"]
+
+
+def test_safetensors_size_reads_the_header():
+    data = safetensors_bytes(400)
+    assert safetensors_size(data) == len(data)
+    assert safetensors_size(data[:5]) is None
+
+
+@pytest.mark.parametrize(("source", "kind"), [("meta-llama/Llama-3.3-70B-Instruct", "hub"), ("/models/llama", "path")])
+def test_sources(source, kind):
+    assert parse_source(source) == kind
+
+
+@pytest.mark.parametrize("source", ["llama", "org/name/extra", "../x", "org/..", "/models/../etc", "", "org/na me"])
+def test_bad_sources_are_refused_naming_the_forms(source):
+    with pytest.raises(InvalidInput) as error:
+        parse_source(source)
+    assert error.value.msg.startswith("source:")
+
+
+def test_only_what_is_not_already_here_is_fetched():
+    source = [("config.json", 10), ("model-1.safetensors", 5 * GIB), ("model-2.safetensors", 5 * GIB)]
+    assert plan_fetch(source, {"config.json": 10, "model-1.safetensors": 2 * GIB}) == source[1:]
+
+
+def test_room_counts_the_margin_and_prunes_only_with_the_opt_in():
+    fetch = [("model.safetensors", 400 * GIB)]
+    candidates = [{"path": "/models/old-a", "bytes": 300 * GIB}, {"path": "/models/old-b", "bytes": 200 * GIB}]
+    refused = plan_room(fetch, 150 * GIB, 10 * GIB, candidates, prune=False)
+    assert not refused.room and refused.remove == []
+    assert refused.message == ("not enough room: 400.00 GiB to fetch + 10.00 GiB margin, 150.00 GiB free; 2 unused model "
+                               "director(y/ies) under the models root hold 500.00 GiB (removed only with prune)")
+    pruned = plan_room(fetch, 150 * GIB, 10 * GIB, candidates, prune=True)
+    assert pruned.room and [c["path"] for c in pruned.remove] == ["/models/old-a"]
+    too_big = plan_room([("model.safetensors", 600 * GIB)], 10 * GIB, 10 * GIB, candidates, prune=True)
+    assert not too_big.room and too_big.remove == [], "nothing is removed when even that leaves too little room"
+    assert plan_room([], 0, 10 * GIB, [], prune=False).room, "nothing to fetch needs no room"
+
+
+def test_prune_never_offers_a_kept_model_or_anything_outside_the_root():
+    directories = [{"path": "/models/llama-70b", "bytes": 1, "used": 30}, {"path": "/models/old", "bytes": 1, "used": 20},
+                   {"path": "/models/older", "bytes": 1, "used": 10}, {"path": "/models/nested/deep", "bytes": 1},
+                   {"path": "/srv/elsewhere", "bytes": 1}, {"path": "/models/eagle", "bytes": 1}]
+    keep = ["/models/llama-70b", "/models/eagle/", "/models/nested/deep"]
+    assert [d["path"] for d in prune_candidates(directories, keep, "/models/")] == ["/models/older", "/models/old"]
