@@ -215,10 +215,12 @@ class Disk:
         return found
 
 
-def hub_files(params: dict, token: str | None) -> tuple[list[tuple[str, int]], str]:
+def hub_files(params: dict, token: str | None) -> list[tuple[str, int]]:
+    """Every file of the repository at the revision, with its size (the tree listing: mirrors such as olah leave the
+    sizes out of the repository's own metadata)."""
     api = huggingface_hub.HfApi(endpoint=params["endpoint"] or None, token=token)
-    info = api.model_info(params["source"], revision=params["revision"], files_metadata=True)
-    return [(sibling.rfilename, int(sibling.size or 0)) for sibling in info.siblings], info.sha
+    entries = api.list_repo_tree(params["source"], revision=params["revision"], recursive=True)
+    return [(entry.path, int(entry.size)) for entry in entries if isinstance(entry, huggingface_hub.hf_api.RepoFile)]
 
 
 def read_token(path: str | None) -> str | None:
@@ -278,7 +280,7 @@ def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
     dest = params["dest"]
     partial = staging.partial_path(dest)
     token = read_token(params["token_file"])
-    source_files, _commit = hub_files(params, token)
+    source_files = hub_files(params, token)
     expected = dict(source_files)
     if os.path.isdir(dest):
         problems = staging.checkpoint_problems(disk.listing(dest), expected)
