@@ -127,19 +127,27 @@ def test_deadline_expires_after_its_seconds_of_the_injected_clock():
 
 def test_deadline_ignores_wall_clock_steps(monkeypatch):
     """A real Deadline (the default clock) while the wall clock steps an hour back and a day ahead: it neither expires
-    early nor late - it counts monotonic time only."""
+    early nor late - it counts monotonic time only. The module is loaded again with the stepping clock in place, so
+    that a default bound to the wall clock would be bound to the stepping one."""
+    import importlib
     import time
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _polling
 
     real_time, offset = time.time, [0.0]
     monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
     monkeypatch.setattr(time, "time_ns", lambda: int((real_time() + offset[0]) * 1e9))
-    deadline = Deadline(0.3)
-    offset[0] = -3600.0
-    assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
-    offset[0] = 86400.0
-    assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
-    time.sleep(0.35)
-    assert deadline.expired() and deadline.remaining() == 0
+    try:
+        deadline = importlib.reload(_polling).Deadline(0.3)
+        offset[0] = -3600.0
+        assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
+        offset[0] = 86400.0
+        assert not deadline.expired() and 0.2 < deadline.remaining() <= 0.3
+        time.sleep(0.35)
+        assert deadline.expired() and deadline.remaining() == 0
+    finally:
+        monkeypatch.undo()
+        importlib.reload(_polling)
 
 
 @pytest.mark.parametrize(("value", "message"), [
