@@ -55,6 +55,22 @@ def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, n
     assert result["passed"] is True
 
 
+@pytest.mark.covers("M4")
+def test_memory_held_by_a_d_state_process_fails_at_the_deadline_naming_it_in_d_state(devices, sim, processes, frozen, nvml_env):
+    """M4 (held by a D-state process): a holder frozen with its allocation (D state, as a process stuck in the driver)
+    keeps the GPU; the assertion fails at its deadline, not before, with the last reading, NVML's process, the /proc
+    holder with state D, and holder_present."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(1), "--sim-root", str(sim.root), "--alloc", "3:30000")
+    frozen.freeze(pid)
+    result = run_module(MODULE, assert_args(devices, timeout=1.0), env=nvml_env, timeout=60)
+    assert result.failed and result["passed"] is False and result["dirty"] == [3] and result["elapsed"] >= 1.0
+    message = result["msg"]
+    assert "30000 MiB used > max_used_mib 512" in message and f"holders in /proc: {pid} (python, state D)" in message
+    assert f"NVML processes: {pid};" in message and "holder_present" in message
+    assert result["details"]["3"]["classification"] == "holder_present"
+    assert [(h["pid"], h["state"]) for h in result["details"]["3"]["proc_holders"]] == [(pid, "D")]
+
+
 @pytest.mark.covers('M4')
 def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes, nvml_env):
     """M4 (holder present): per-GPU used MiB, /proc holders, NVML processes."""
