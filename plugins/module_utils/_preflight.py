@@ -17,6 +17,7 @@ import posixpath
 import pwd
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
@@ -46,6 +47,7 @@ class ModelListing:
     config: bool = False
     weights: list = field(default_factory=list)  # (name, bytes)
     unreadable: list = field(default_factory=list)  # names the user cannot read
+    incomplete: list = field(default_factory=list)  # why the checkpoint is not whole (a missing shard, a short file)
 
 
 @dataclass
@@ -127,6 +129,9 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
         return Check("model", False, f"{label} {path} has no config.json")
     elif not listing.weights:
         return Check("model", False, f"{label} {path} has no weight files ({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
+    if listing.incomplete:
+        return Check("model", False, f"{label} {path} is incomplete: {'; '.join(listing.incomplete[:5])}"
+                                     + (f" and {len(listing.incomplete) - 5} more" if len(listing.incomplete) > 5 else ""))
     if listing.unreadable:
         return Check("model", False, f"{label} {path}: {user} cannot read {', '.join(sorted(listing.unreadable)[:3])}"
                                      + (f" and {len(listing.unreadable) - 3} more" if len(listing.unreadable) > 3 else ""))
@@ -240,7 +245,23 @@ def list_model(path: str) -> ModelListing:
                 listing.unreadable.append(name)
             elif name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(full):
                 listing.weights.append((name, os.path.getsize(full)))
+    if listing.config and listing.weights and not listing.unreadable:
+        listing.incomplete = checkpoint_gaps(path, names)
     return listing
+
+
+def checkpoint_gaps(path: str, names: list) -> list:
+    """What the checkpoint's index names that is not there, safetensors files shorter or longer than their headers say,
+    split GGUF parts missing (model_stage's checks), read as the current user."""
+    files = {name: os.path.getsize(posixpath.join(path, name)) for name in names if os.path.isfile(posixpath.join(path, name))}
+
+    def read_head(name: str, count: int) -> bytes:
+        with open(posixpath.join(path, name), "rb") as source:
+            return source.read(count)
+    try:
+        return staging.checkpoint_problems(staging.Listing(files, read_head))
+    except OSError as exc:
+        return [f"cannot be read: {exc}"]
 
 
 def as_user(user: str, function, *args):

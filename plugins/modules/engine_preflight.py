@@ -17,8 +17,10 @@ description:
     exactly that version.
   - C(model) looks at O(model) (and O(draft_model)) as O(user) sees them - in a child process with that user's uid, gid
     and groups, so that modes, ACLs and directory search bits all count - and wants a directory holding C(config.json)
-    and weight files (C(*.safetensors), C(*.bin), C(*.pt)) it can read, or a C(.gguf) file. A path that is not absolute
-    is a hub name the engine downloads, and is skipped.
+    and weight files (C(*.safetensors), C(*.bin), C(*.pt)) it can read, or a C(.gguf) file - and a whole checkpoint
+    (every shard its index names, every safetensors file as long as its own header says, every part of a split GGUF),
+    so that a download that stopped halfway is found before the drain, not by the engine after it. A path that is not
+    absolute is a hub name the engine downloads, and is skipped.
   - C(gpus) wants O(gpus_needed) (tensor x data parallel) GPUs among those NVML sees, or among O(visible_devices).
   - C(port) wants O(port) free, or held only by processes of O(port_owners) (the engines the switch stops).
   - C(disk) wants O(install_min_free_mib) free where O(install_dir) is (or would be) created.

@@ -3,10 +3,12 @@ version command, the real nvidia-ml-py over the simulated NVML library, a check 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import stat
+import struct
 import tempfile
 from pathlib import Path
 
@@ -14,12 +16,17 @@ import pytest
 from conftest import run_module
 
 
+def safetensors_bytes(tensor_bytes: int = 4096) -> bytes:
+    header = json.dumps({"w": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [0, tensor_bytes]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * tensor_bytes
+
+
 def model_dir(root, weights=2, config=True):
     root.mkdir(parents=True)
     if config:
         (root / "config.json").write_text("{}")
     for index in range(weights):
-        (root / f"model-{index:05d}.safetensors").write_bytes(b"\0" * 4096)
+        (root / f"model-{index:05d}.safetensors").write_bytes(safetensors_bytes())
     return root
 
 
@@ -103,9 +110,9 @@ def test_check_mode_runs_the_same_read_only_checks(tmp_path, nvml_env):
 def test_prewarm_reads_every_weight_byte_or_says_why_not(tmp_path):
     model = model_dir(tmp_path / "m", weights=3)
     read = run_module("weights_prewarm", {"paths": [str(model), "hub/name"], "margin_mib": 0})
-    assert read["bytes"] == read["total_bytes"] == 3 * 4096 and read["files"] == 3 and read["finished"] and read["skipped_reason"] is None
+    assert read["bytes"] == read["total_bytes"] == 3 * len(safetensors_bytes()) and read["files"] == 3 and read["finished"] and read["skipped_reason"] is None
     planned = run_module("weights_prewarm", {"paths": [str(model)], "margin_mib": 0}, check_mode=True)
-    assert planned["bytes"] == 0 and planned["total_bytes"] == 3 * 4096 and planned["skipped_reason"] == "check mode: nothing read"
+    assert planned["bytes"] == 0 and planned["total_bytes"] == 3 * len(safetensors_bytes()) and planned["skipped_reason"] == "check mode: nothing read"
     too_big = run_module("weights_prewarm", {"paths": [str(model)], "margin_mib": 1 << 30})
     assert too_big["bytes"] == 0 and "do not fit" in too_big["skipped_reason"] and not too_big.failed
     missing = run_module("weights_prewarm", {"paths": [str(tmp_path / "absent")]})
@@ -132,3 +139,18 @@ def test_another_users_gpu_holder_fails_the_holders_check_and_an_escaped_worker_
     alone = run_module("engine_preflight", dict(holders_args, owners=["daemon", "nobody"]), env=nvml_env)
     assert not alone.failed and alone["holders"]["foreign"] == [] and len(alone["holders"]["escaped"]) == 2
     assert processes.started[0].poll() is None and processes.started[1].poll() is None, "the preflight signals nothing"
+
+
+def test_an_incomplete_checkpoint_fails_the_model_check_before_anything_is_disrupted(tmp_path, nvml_env):
+    """A shard the index names is missing, and another is cut short: both named (a download that stopped halfway)."""
+    model = model_dir(tmp_path / "m", weights=3)
+    names = sorted(path.name for path in model.glob("*.safetensors"))
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {f"t{i}": name for i, name in enumerate(names)}}))
+    (model / names[2]).unlink()
+    with (model / names[1]).open("r+b") as shard:
+        shard.truncate(1000)
+    result = run_module("engine_preflight", args(tmp_path, model, checks=["model"]), env=nvml_env)
+    assert result.failed
+    detail = result["checks"][0]["detail"]
+    assert detail.startswith(f"model {model} is incomplete: ")
+    assert f"{names[2]}, named by model.safetensors.index.json, is missing" in detail and f"{names[1]} has 1000 bytes" in detail
