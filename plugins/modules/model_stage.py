@@ -331,10 +331,11 @@ def main() -> None:
                 module.fail_json(msg=f"{params['source']} does not exist", **result)
             listing = disk.listing(params["source"]) if os.path.isdir(params["source"]) else staging.Listing(
                 {os.path.basename(params["source"]): os.path.getsize(params["source"])})
-            problems = staging.checkpoint_problems(listing)
-            if problems:
-                module.fail_json(msg=f"{params['source']} is not a complete checkpoint: {'; '.join(problems[:10])}", **dict(result, problems=problems))
-            module.exit_json(**dict(result, present=True))
+            result["problems"] = staging.checkpoint_problems(listing)
+            if result["problems"]:
+                module.fail_json(msg=f"{params['source']} is not a complete checkpoint: {'; '.join(result['problems'][:10])}", **result)
+            result["present"] = True
+            module.exit_json(**result)
         if not params["dest"] or not os.path.isabs(params["dest"]):
             raise Error("dest: an absolute path is required for a hub source (the directory the engine's unit will read)")
         if huggingface_hub is None:
