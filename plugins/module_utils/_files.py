@@ -21,6 +21,11 @@ from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
+# The form of a file in the modules' options (engine_files writes them, engine_observe compares them).
+FILE_OPTIONS = dict(name=dict(type="str"), path=dict(type="path", required=True), content=dict(type="str", required=True),
+                    mode=dict(type="str", default="0644"), owner=dict(type="str", default="root"), group=dict(type="str", default="root"),
+                    secret=dict(type="bool", default=False), reload=dict(type="bool", default=False))
+
 
 def parse_mode(label: str, value: str) -> int:
     try:
@@ -104,13 +109,24 @@ def write(wanted: WantedFile, directory_mode: int) -> None:
         raise
 
 
-def converge(files: list[WantedFile], directory_mode: int, check_mode: bool, reload) -> dict:
-    """Compare every file, write those that differ (unless check mode), reload systemd once when a file marked
-    ``reload`` changed. Returns changed, files (by name: what differed), reloaded and the diffs of non-secret files."""
+def unique_names(files: list[WantedFile]) -> list[str]:
     names = [wanted.name for wanted in files]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise InvalidInput(f"files: {', '.join(twice)} given more than once")
+    return names
+
+
+def compare(files: list[WantedFile]) -> dict[str, list[str]]:
+    """By name, what differs for each file (nothing is written)."""
+    unique_names(files)
+    return {wanted.name: difference(wanted)[0] for wanted in files}
+
+
+def converge(files: list[WantedFile], directory_mode: int, check_mode: bool, reload) -> dict:
+    """Compare every file, write those that differ (unless check mode), reload systemd once when a file marked
+    ``reload`` changed. Returns changed, files (by name: what differed), reloaded and the diffs of non-secret files."""
+    names = unique_names(files)
     for wanted in files:
         wanted.ids()  # every owner and group exists before the first file is written
     found = {wanted.name: difference(wanted) for wanted in files}

@@ -95,7 +95,9 @@ class LeaseStore:
             os.close(fd)  # closing drops our shared lock at once
         return None
 
-    def _view(self, record: dict) -> dict:
+    def _view(self, record: dict | None) -> dict:
+        if record is None:  # given back, its work still running
+            return {"owner": None, "age": None, "expires_in": None}
         now = self.clock()
         return {"owner": record["owner"], "age": now - record["acquired"], "expires_in": record["expires"] - now}
 
@@ -115,8 +117,9 @@ class LeaseStore:
                 current = self._read()
                 broken = bool(current and break_owner and current["owner"] == break_owner and break_owner != owner)
                 free = current is None or current["owner"] == owner or self._expired(current) or broken
-                # a lease changing hands waits for the work its last holder left running (an interrupted run's cutover)
-                working = self.work_holder() if free and current and current["owner"] != owner else None
+                # a lease changing hands waits for the work its last holder left running (an interrupted run's cutover),
+                # also when that run gave the lease back without it (its controller lost the node during the cutover)
+                working = self.work_holder() if free and (current is None or current["owner"] != owner) else None
                 if free and not working:
                     recovered = current if current and current["owner"] != owner else None
                     now = self.clock()
@@ -180,7 +183,7 @@ def take(request: LeaseRequest, store: LeaseStore, dry_run: bool, still_wanted, 
         raise RequesterGone(f"{request.name}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for the "
                             "lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder, recovered=None, waited=waited)
     if outcome.working:
-        raise LockTimeout(f"{request.name}: the work of {outcome.holder['owner']} still runs on this node (pid {outcome.working}: "
+        raise LockTimeout(f"{request.name}: the work of {outcome.holder['owner'] or 'a run that gave the lease back'} still runs on this node (pid {outcome.working}: "
                           f"a switch whose controller was interrupted finishes its cutover); waited {waited:.0f}s",
                           holder=outcome.holder, recovered=None, waited=waited, working=outcome.working)
     if outcome.holder["owner"] != request.owner:

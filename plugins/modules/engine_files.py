@@ -106,11 +106,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _files as 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
-FILE_OPTIONS = dict(name=dict(type="str"), path=dict(type="path", required=True), content=dict(type="str", required=True),
-                    mode=dict(type="str", default="0644"), owner=dict(type="str", default="root"), group=dict(type="str", default="root"),
-                    secret=dict(type="bool", default=False), reload=dict(type="bool", default=False))
 ARGUMENT_SPEC = dict(
-    files=dict(type="list", elements="dict", required=True, options=FILE_OPTIONS),
+    files=dict(type="list", elements="dict", required=True, options=files.FILE_OPTIONS),
     directory_mode=dict(type="str", default="0755"),
 )
 

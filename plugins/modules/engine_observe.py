@@ -17,7 +17,8 @@ description:
     M(gpufleet.serving.engine_version) reads them; and, for a running engine, whether it serves now, as
     M(gpufleet.serving.engine_ready) with no wait answers (health, the model listed, and with
     O(engines[].completion) a one-token completion).
-  - Then whether each path of O(paths) exists.
+  - Then whether each path of O(paths) exists, and how each file of O(files) differs from the content, mode and owner
+    given (as M(gpufleet.serving.engine_files) would find them, without writing).
   - Changes nothing. C(playbooks/switch_engine.yml) decides from this which engine to drain and roll back to, and
     whether a node already serves its target; one module run instead of one per read keeps a rerun that has nothing
     to do short.
@@ -67,6 +68,46 @@ options:
     type: list
     elements: path
     default: []
+  files:
+    description:
+      - Files compared with what is given, as M(gpufleet.serving.engine_files) compares them (its O(files) form; the
+        switch gives its target's unit and secrets, so that an unchanged rerun needs no module run of its own for
+        the comparison). Contents of C(secret) files are kept out of the logs.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: The file's name in RV(files); its path by default.
+        type: str
+      path:
+        description: Absolute path.
+        type: path
+        required: true
+      content:
+        description: The content it should have.
+        type: str
+        required: true
+      mode:
+        description: Octal mode.
+        type: str
+        default: "0644"
+      owner:
+        description: Owner.
+        type: str
+        default: root
+      group:
+        description: Group.
+        type: str
+        default: root
+      secret:
+        description: Its content is never logged.
+        type: bool
+        default: false
+      reload:
+        description: Accepted for the form of M(gpufleet.serving.engine_files); nothing is reloaded here.
+        type: bool
+        default: false
   users:
     description: Users whose account is reported (an engine's own user, which the switch creates only when it is not as
       its role would make it).
@@ -124,6 +165,12 @@ paths:
   returned: always
   type: dict
   sample: {/var/lib/gpufleet/rollback/staged: false}
+files:
+  description: By name, what differs from O(files) - C(absent), C(content), C(mode), C(owner); an empty list for a file
+    as given.
+  returned: always
+  type: dict
+  sample: {unit: [], secrets: [content]}
 users:
   description: By user of O(users) - C(exists), C(home), C(shell), C(groups) (supplementary, by name).
   returned: always
@@ -144,6 +191,7 @@ import stat
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
@@ -156,6 +204,7 @@ ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "s
 ARGUMENT_SPEC = dict(
     engines=dict(type="list", elements="dict", required=True, options=ENGINE_OPTIONS),
     paths=dict(type="list", elements="path", default=[]),
+    files=dict(type="list", elements="dict", default=[], options=files.FILE_OPTIONS),
     users=dict(type="list", elements="str", default=[]),
     devices=dict(type="list", elements="path", default=[]),
     timeout=dict(type="float", default=10),
@@ -208,11 +257,15 @@ class Node(observe.NodeReader):
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module.no_log_values.update(item["content"] for item in module.params["files"] if item["secret"])
     try:
         if module.params["timeout"] <= 0:
             raise observe.InvalidInput(f"timeout: must be greater than 0, got {module.params['timeout']:g}")
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
+        result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
+    except OSError as exc:
+        module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}")
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(changed=False, **result)

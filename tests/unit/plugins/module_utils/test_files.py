@@ -80,3 +80,21 @@ def test_an_unknown_owner_and_a_file_given_twice_are_refused_before_anything_is_
     with pytest.raises(InvalidInput, match="unit given more than once"):
         files.converge(twice, 0o755, False, lambda: None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_compare_says_what_converge_would_change_and_writes_nothing(tmp_path):
+    """engine_observe's comparison (the switch's unchanged rerun decides from it) agrees with converge's."""
+    unit = tmp_path / "vllm.service"
+    unit.write_text("[Service]\n")
+    os.chmod(unit, 0o644)
+    secrets = tmp_path / "vllm.env"
+    secrets.write_text("KEY=old\n")
+    os.chmod(secrets, 0o600)
+    given = [wanted(unit, "[Service]\n", name="unit"), wanted(secrets, "KEY=new\n", name="secrets", mode="0600", secret=True),
+             wanted(tmp_path / "staged", "run\n", name="staged")]
+    compared = files.compare(given)
+    assert compared == {"unit": [], "secrets": ["content"], "staged": ["absent"]}
+    assert compared == files.converge(given, 0o755, True, lambda: None)["files"]
+    assert secrets.read_text() == "KEY=old\n" and not (tmp_path / "staged").exists()
+    with pytest.raises(InvalidInput, match="unit given more than once"):
+        files.compare([given[0], given[0]])
