@@ -52,4 +52,4 @@ class CheckFailed(Error):
 
 
 class RequesterGone(Error):
-    """Whoever asked for the lease is gone (its controller was interrupted): the wait ended, taking nothing."""
+    """Whoever asked for a wait (a lease, readiness, free memory) is gone (its controller was interrupted): the wait ended, taking nothing."""

@@ -319,8 +319,9 @@ def _stale_reason(pid: int, reader: ProcReader) -> str:
 
 
 def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index: dict[int, int] | None,
-              selected_minors: set[int] | None, selected_indexes: set[int] | None) -> KillPlan:
-    """Describe every holder of the selected GPUs and split them into targets, protected and ambiguous."""
+              selected_minors: set[int] | None, selected_indexes: set[int] | None, uuid_by_index: dict[int, str] | None = None) -> KillPlan:
+    """Describe every holder of the selected GPUs and split them into targets, protected and ambiguous. Each holder
+    names its GPUs by NVML index and, where NVML was asked, by UUID (an index can change across reboots, a UUID not)."""
     plan = KillPlan(unreadable=dict(scan.unreadable))
     for pid in sorted(scan.holdings):
         holding = scan.holdings[pid]
@@ -336,7 +337,8 @@ def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index
             continue
         # a CUDA process opens every visible GPU's node: NVML's list says which GPUs it really uses
         gpus = holding.gpus or node_gpus
-        info.update(via=sorted(holding.via), devices=sorted(holding.devices), gpus=sorted(gpus))
+        info.update(via=sorted(holding.via), devices=sorted(holding.devices), gpus=sorted(gpus),
+                    gpu_uuids=[uuid_by_index[index] for index in sorted(gpus) if index in (uuid_by_index or {})])
         plan.holders.append(info)
         reason = guard.reason(info, is_kernel_thread)
         if reason:

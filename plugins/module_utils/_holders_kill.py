@@ -175,7 +175,8 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     self_pid = self_pid or os.getpid()
     guard = Guard(names=request.protected, self_pid=self_pid, ancestors={stat.pid for stat in reader.ancestors(self_pid)},
                   descendants=reader.descendants(self_pid), pids=set(request.protected_pids))
-    plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes)
+    uuid_by_index = {gpu["index"]: gpu["uuid"] for gpu in inventory["gpus"] if gpu.get("uuid")} if inventory else None
+    plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes, uuid_by_index)
     plan.stale_nvml_pids = stale
     if request.kill_ambiguous:
         plan.targets = sorted(plan.targets + [{k: v for k, v in holder.items() if k != "reason"} for holder in plan.ambiguous],

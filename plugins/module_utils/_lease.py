@@ -12,12 +12,12 @@ import fcntl
 import json
 import os
 import re
-import select
 import time
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, LockTimeout, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import LOCK_DIRECTORY
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone  # noqa: F401 (host_lease asks it)
 
 RETRY_SECONDS = 0.5
 
@@ -33,16 +33,6 @@ def boot_id() -> str:
             return handle.read().strip()
     except OSError:
         return "unknown"
-
-
-def requester_gone(fd: int = 1, parent: int | None = None) -> bool:
-    """Whether whoever asked for the lease is gone: the far end of our output closed (the controller's SSH session or
-    its worker ended), or we were reparented away from the process that started us."""
-    poller = select.poll()
-    poller.register(fd, 0)  # errors and hang-ups are always reported
-    if any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0)):
-        return True
-    return parent is not None and os.getppid() != parent
 
 
 @dataclass

@@ -40,11 +40,24 @@ EXPLANATIONS = {
 }
 
 
+DEFAULT_MAX_USED_MIB = 512
+
+
 @dataclass(frozen=True)
 class Limits:
-    max_used_mib: int
+    max_used_mib: int | None
     max_processes: int | None = None
     v1_reserve_mib: int = DEFAULT_V1_RESERVE_MIB
+    max_used_percent: float | None = None  # of each GPU's total; with max_used_mib too, both must hold
+
+    def used_limits(self, total_mib: int | None) -> list[tuple[float, str]]:
+        """The used-memory limits a GPU of this size must stay under, each with how a problem names it."""
+        limits = []
+        if self.max_used_mib is not None:
+            limits.append((self.max_used_mib, f"max_used_mib {self.max_used_mib}"))
+        if self.max_used_percent is not None and total_mib:
+            limits.append((total_mib * self.max_used_percent / 100, f"max_used_percent {self.max_used_percent:g} % of {total_mib} MiB"))
+        return limits
 
 
 def comparable_used_mib(gpu: dict, v1_reserve_mib: int) -> int | None:
@@ -76,8 +89,9 @@ def assess(inventory: dict, selected: list[int], limits: Limits) -> Assessment:
         problems = []
         if gpu["status"] != "ok":
             problems.append(f"NVML status {gpu['status']}: {gpu.get('error', '')}".rstrip(": "))
-        if used is not None and used > limits.max_used_mib:
-            problems.append(f"{used} MiB used > max_used_mib {limits.max_used_mib}")
+        for limit, named in limits.used_limits(gpu.get("total_mib")) if used is not None else []:
+            if used > limit:
+                problems.append(f"{used} MiB used > {named}")
         if limits.max_processes is not None and len(gpu.get("processes", [])) > limits.max_processes:
             problems.append(f"{len(gpu['processes'])} processes > max_processes {limits.max_processes}")
         gpu.update(clean=not problems, problems=problems, compared_used_mib=used)
@@ -136,15 +150,20 @@ class MemoryRequest:
     @classmethod
     def from_params(cls, params: dict) -> MemoryRequest:
         validate_gpu_selectors(params.get("gpus"))
-        max_used = params["max_used_mib"]
-        if isinstance(max_used, bool) or not isinstance(max_used, int) or max_used < 0:
+        max_used = params.get("max_used_mib")
+        percent = params.get("max_used_percent")
+        if max_used is None and percent is None:
+            max_used = DEFAULT_MAX_USED_MIB
+        if max_used is not None and (isinstance(max_used, bool) or not isinstance(max_used, int) or max_used < 0):
             raise InvalidInput(f"max_used_mib: must be a whole number of MiB, at least 0, got {max_used!r}")
+        if percent is not None and (isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 <= percent <= 100):
+            raise InvalidInput(f"max_used_percent: must be a share of each GPU's memory from 0 to 100, got {percent!r}")
         interval = non_negative("interval", params["interval"], minimum_exclusive=True)
         return cls(
             gpus=params.get("gpus") or None,
             expected_count=non_negative_int("expected_count", params.get("expected_count")),
             limits=Limits(max_used, non_negative_int("max_processes", params.get("max_processes")),
-                          non_negative_int("v1_reserve_mib", params["v1_reserve_mib"])),
+                          non_negative_int("v1_reserve_mib", params["v1_reserve_mib"]), percent),
             timeout=non_negative("timeout", params["timeout"]),
             interval=interval,
             nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
@@ -161,7 +180,7 @@ def check_inventory(request: MemoryRequest, inventory: dict) -> list[int]:
                                gpu_count=count, expected_count=request.expected_count)
     selected = select_gpus(request.gpus, inventory)
     for gpu in inventory["gpus"]:
-        if gpu["index"] in selected and gpu.get("total_mib") and request.limits.max_used_mib > gpu["total_mib"]:
+        if gpu["index"] in selected and gpu.get("total_mib") and (request.limits.max_used_mib or 0) > gpu["total_mib"]:
             raise InvalidInput(f"max_used_mib: {request.limits.max_used_mib} MiB is more than GPU {gpu['index']}'s total of {gpu['total_mib']} MiB")
     return selected
 

@@ -8,9 +8,13 @@
 
 from __future__ import annotations
 
+import os
+import select
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import RequesterGone
 
 
 @dataclass
@@ -19,6 +23,30 @@ class Clock:
 
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+
+
+def requester_gone(fd: int = 1, parent: int | None = None) -> bool:
+    """Whether whoever asked for this module run is gone: the far end of our output closed (the controller's SSH session or
+    its worker ended), or we were reparented away from the process that started us."""
+    poller = select.poll()
+    poller.register(fd, 0)  # errors and hang-ups are always reported
+    if any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0)):
+        return True
+    return parent is not None and os.getppid() != parent
+
+
+def abandoning_clock(parent: int | None = None, fd: int = 1, clock: Clock | None = None) -> Clock:
+    """A clock whose every sleep ends the wait (RequesterGone) once whoever asked for it is gone: a module that only
+    waits (readiness, a soak, GPU memory) must not keep polling a node for a controller that was interrupted. Work that
+    must reach a safe end (the cutover) keeps the plain clock."""
+    base = clock or Clock()
+
+    def sleep(seconds: float) -> None:
+        base.sleep(seconds)
+        if requester_gone(fd, parent):
+            raise RequesterGone("stopped waiting: whoever asked for this wait is gone (its controller was interrupted or lost the node)")
+
+    return Clock(monotonic=base.monotonic, sleep=sleep)
 
 
 @dataclass

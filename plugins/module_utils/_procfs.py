@@ -63,17 +63,20 @@ def parse_status(text: str) -> dict[str, str]:
     return status
 
 
-def parse_cgroup_unit(text: str) -> str | None:
-    """The innermost systemd unit (service or scope) in /proc/<pid>/cgroup.
-
-    systemd's own hierarchy is the named v1 one on legacy/hybrid hosts, the unified one otherwise.
-    """
+def parse_cgroup_path(text: str) -> str | None:
+    """The process's cgroup in systemd's hierarchy, from /proc/<pid>/cgroup: the named v1 one on legacy/hybrid
+    hosts, the unified one otherwise."""
     paths = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3:
             paths[parts[1]] = parts[2]
-    path = paths.get("name=systemd") or paths.get("") or ""
+    return paths.get("name=systemd") or paths.get("") or None
+
+
+def parse_cgroup_unit(text: str) -> str | None:
+    """The innermost systemd unit (service or scope) in /proc/<pid>/cgroup."""
+    path = parse_cgroup_path(text) or ""
     for component in reversed(path.split("/")):
         if component.endswith(UNIT_SUFFIXES):
             return component
@@ -148,6 +151,12 @@ class ProcReader:
     def unit(self, pid: int) -> str | None:
         try:
             return parse_cgroup_unit(self._read(pid, "cgroup"))
+        except (ProcessGone, PermissionError):
+            return None
+
+    def cgroup(self, pid: int) -> str | None:
+        try:
+            return parse_cgroup_path(self._read(pid, "cgroup"))
         except (ProcessGone, PermissionError):
             return None
 
@@ -254,6 +263,7 @@ def describe(reader: ProcReader, pid: int) -> dict:
         "state": stat.state,
         "ppid": stat.ppid,
         "unit": reader.unit(pid),
+        "cgroup": reader.cgroup(pid),
         "namespace_pid": namespace_pid(status),
     }
 

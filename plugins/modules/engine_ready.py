@@ -77,6 +77,9 @@ options:
     default: 0
 requirements:
   - systemd, when O(unit) is given
+notes:
+  - The wait and the soak end (failed) at their next probe once the controller is gone (interrupted, or its SSH
+    connection dropped): nothing keeps polling a node for no one.
 seealso:
   - module: gpufleet.serving.engine_drain
 """
@@ -132,11 +135,14 @@ elapsed:
   type: float
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 ARGUMENT_SPEC = dict(
@@ -174,16 +180,17 @@ def unit_properties_reader(module: AnsibleModule):
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    clock = abandoning_clock(parent=os.getppid())  # the wait and the soak end with their controller
     try:
         request = readiness.ReadyRequest.from_params(module.params)
         client = http.HttpClient(request.url, request.api_key)
         systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if request.unit else None
         result = readiness.wait_ready(request, client, unit_state_reader(module) if request.unit else None,
-                                      journal=systemctl.journal if systemctl else None)
+                                      clock=clock, journal=systemctl.journal if systemctl else None)
         if result["ready"] and request.min_spec_acceptance is not None:
             result["spec_acceptance"] = readiness.check_acceptance(request, client, result)
         if result["ready"] and request.soak > 0:
-            result["soak"] = readiness.soak(request, client, unit_properties_reader(module) if request.unit else None)
+            result["soak"] = readiness.soak(request, client, unit_properties_reader(module) if request.unit else None, clock)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(changed=False, **result)

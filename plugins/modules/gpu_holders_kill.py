@@ -235,6 +235,10 @@ holders:
       description: The systemd service or scope the process runs in, when any.
       type: str
       sample: vllm.service
+    cgroup:
+      description: Its cgroup in systemd's hierarchy (null when unreadable).
+      type: str
+      sample: /system.slice/vllm.service
     placement:
       description:
         - Where the process runs - V(listed_unit) (one of O(units)), V(other_service), V(session) (a login session's
@@ -267,6 +271,11 @@ holders:
       type: list
       elements: int
       sample: [0]
+    gpu_uuids:
+      description: The same GPUs by UUID (empty when NVML was not asked).
+      type: list
+      elements: str
+      sample: [GPU-4f1e7c2a-83d9-4b1e-9f0e-5c2d7a8b9e10]
   sample: []
 targets:
   description: The holders chosen to be signalled (in check mode, those that would be).

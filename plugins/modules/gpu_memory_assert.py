@@ -43,9 +43,15 @@ options:
     description: Fail when NVML sees a different number of GPUs.
     type: int
   max_used_mib:
-    description: Highest used memory, in MiB, a clean GPU may show (NVML v2 C(used), which excludes the driver reserve).
+    description:
+      - Highest used memory, in MiB, a clean GPU may show (NVML v2 C(used), which excludes the driver reserve).
+      - V(512) when neither this nor O(max_used_percent) is set; with both, a clean GPU stays under both.
     type: int
-    default: 512
+  max_used_percent:
+    description:
+      - Highest used memory as a share, V(0) to V(100), of each GPU's own total (for fleets of mixed GPU sizes).
+    type: float
+    version_added: 0.5.0
   max_processes:
     description: Highest number of processes NVML may list on a clean GPU. Not checked when unset.
     type: int
@@ -76,7 +82,8 @@ requirements:
   - nvidia-ml-py on the managed node
   - the NVIDIA driver (libnvidia-ml.so.1)
 notes:
-  - The task can take up to O(timeout) plus O(nvml_timeout) seconds.
+  - The task can take up to O(timeout) plus O(nvml_timeout) seconds, and ends (failed) at its next poll once its
+    controller is gone (interrupted, or its SSH connection dropped): nothing keeps polling a node for no one.
   - MIG instances are not checked separately; the parent GPU's memory is asserted.
 seealso:
   - module: gpufleet.serving.gpu_holders_kill
@@ -187,6 +194,7 @@ details:
   type: dict
 """
 
+import os
 import time
 import traceback
 
@@ -194,6 +202,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
 
 try:
     import pynvml
@@ -206,7 +215,8 @@ else:
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str"),
     expected_count=dict(type="int"),
-    max_used_mib=dict(type="int", default=512),
+    max_used_mib=dict(type="int"),
+    max_used_percent=dict(type="float"),
     max_processes=dict(type="int"),
     timeout=dict(type="float", default=60),
     interval=dict(type="float", default=0.5),
@@ -222,7 +232,8 @@ def main() -> None:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     started = time.monotonic()
     try:
-        result = memory.assert_free(memory.MemoryRequest.from_params(module.params), lambda: pynvml)
+        # a poll for a controller that was interrupted ends at its next sleep
+        result = memory.assert_free(memory.MemoryRequest.from_params(module.params), lambda: pynvml, abandoning_clock(parent=os.getppid()))
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict({"passed": False, "elapsed": time.monotonic() - started}, **exc.context))
     module.exit_json(**result)

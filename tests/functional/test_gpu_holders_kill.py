@@ -51,7 +51,8 @@ def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
 
 @pytest.mark.covers('G2', 'G28')
 def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env):
-    """G2, G28: check mode plans and signals nothing; the real run terminates; the second run changes nothing."""
+    """G2, G28: check mode plans and signals nothing, naming the holder's pid, start time, exe, cgroup and GPUs (by index
+    and UUID); the real run terminates; the second run changes nothing."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
 
     plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
@@ -63,6 +64,11 @@ def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, 
     assert target["via"] == ["fd"]
     assert target["devices"] == sorted([devices.gpu(0), devices.ctl])
     assert target["start_time"] > 0 and target["exe"] == os.path.realpath(sys.executable)
+    assert target["cgroup"].startswith("/")
+    # its GPUs by UUID as well as by index, as NVML names them
+    inventory = run_module("gpu_memory_assert", {"device_paths": devices.globs, "timeout": 0}, env=nvml_env)["gpus"]
+    assert len(target["gpus"]) == 1 and target["gpu_uuids"] == [gpu["uuid"] for gpu in inventory if gpu["index"] == target["gpus"][0]]
+    assert target["gpu_uuids"][0].startswith("GPU-")
 
     result = run_module(MODULE, kill_args(devices), env=nvml_env)
     assert result["changed"] is True

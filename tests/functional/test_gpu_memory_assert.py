@@ -46,6 +46,22 @@ def test_v1_only_driver_subtracts_the_documented_reserve(devices, sim, processes
     assert busy["gpus"][1]["compared_used_mib"] == 2048 + 615 - 1024
 
 
+@pytest.mark.covers("M16")
+def test_a_percentage_threshold_applies_to_each_gpus_own_total(devices, sim, processes, nvml_env):
+    """M16: 2 GiB used on a 143771 MiB GPU is 1.4 %: under 2 %, over 1 % - alone, and with an absolute threshold
+    beside it both must hold."""
+    processes.holder("--open", devices.gpu(0), "--sim-root", str(sim.root), "--alloc", "1:2048")
+    under = run_module(MODULE, assert_args(devices, timeout=0, max_used_percent=2), env=nvml_env)
+    assert under["passed"] is True, under.get("msg")
+    over = run_module(MODULE, assert_args(devices, timeout=0, max_used_percent=1), env=nvml_env)
+    assert over.failed and over["dirty"] == [1]
+    assert "2048 MiB used > max_used_percent 1 % of 143771 MiB" in over["gpus"][1]["problems"][0]
+    both = run_module(MODULE, assert_args(devices, timeout=0, max_used_percent=2, max_used_mib=1024), env=nvml_env)
+    assert both.failed and both["gpus"][1]["problems"] == ["2048 MiB used > max_used_mib 1024"]
+    default = run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)
+    assert default.failed and default["gpus"][1]["problems"] == ["2048 MiB used > max_used_mib 512"], "512 MiB when no threshold is given"
+
+
 @pytest.mark.covers('M3')
 def test_memory_released_later_passes_once_it_is_free(devices, sim, processes, nvml_env):
     """M3: polling, not a fixed sleep: passes on the first reading after the holder exits."""
@@ -237,6 +253,9 @@ def test_max_processes_counts_listed_processes(devices, sim, processes, nvml_env
     ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
     ({"max_used_mib": 10**7}, "max_used_mib: 10000000 MiB is more than GPU 0's total of 143771 MiB"),
     ({"max_used_mib": "lots"}, "max_used_mib"),
+    ({"max_used_percent": -1}, "max_used_percent: must be a share of each GPU's memory from 0 to 100, got -1"),
+    ({"max_used_percent": 150}, "max_used_percent: must be a share of each GPU's memory from 0 to 100, got 150"),
+    ({"max_used_percent": "most"}, "max_used_percent"),
     ({"timeout": -5}, "timeout: must be at least 0"),
     ({"interval": 0}, "interval: must be greater than 0"),
     ({"nvml_timeout": -1}, "nvml_timeout: must be greater than 0"),
@@ -246,7 +265,7 @@ def test_max_processes_counts_listed_processes(devices, sim, processes, nvml_env
     ({"gpus": ["0; reboot"]}, "is neither a GPU index"),
 ])
 def test_bad_input_is_rejected_before_polling(devices, nvml_env, args, message):
-    """M16."""
+    """M16: thresholds absolute and as a percentage, and the other numbers, refused before the first poll."""
     result = run_module(MODULE, {**assert_args(devices), **args}, env=nvml_env)
     assert result.failed
     assert message in result["msg"]

@@ -39,14 +39,10 @@ NOT_COVERED = {
 
 # Tested, but not all of the catalogue's expectation: what the tests lack (read case by case against the catalogue)
 PARTIAL = {
-    "G2": "the report names each holder's GPUs by NVML index; their UUIDs are only in the GPU inventory, not on the holder",
-    "M16": "thresholds are absolute MiB only: no percentage form exists to validate (invalid absolute ones are refused)",
     "G20": "no holder whose /proc/<pid>/cmdline read really blocks (a frozen task holds no mmap lock); the D-state skip of "
            "maps and cmdline is asserted on a frozen holder only",
     "M4": "held by a live holder, a D-state (frozen) holder and leaked are tested; no holder through a CUDA IPC mapping "
           "(the simulated NVML has no IPC handles)",
-    "E11": "Ctrl-C in each phase and a rerun are tested; that nothing keeps waiting on the node afterwards (but the lease "
-           "wait) is not checked, and no SSH connection is dropped",
 }
 
 

@@ -11,7 +11,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._holders import parse_maps_identities, protected_name
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline, poll_until
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import parse_cgroup_unit, parse_stat, parse_status
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import parse_cgroup_path, parse_cgroup_unit, parse_stat, parse_status
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
 
@@ -48,6 +48,8 @@ def test_parse_status_and_cgroup_unit():
     assert parse_cgroup_unit("1:name=systemd:/system.slice/sglang.service/payload\n0::/\n") == "sglang.service"
     assert parse_cgroup_unit("0::/user.slice/user-0.slice/session-3.scope\n") == "session-3.scope"
     assert parse_cgroup_unit("0::/\n") is None
+    assert parse_cgroup_path("1:name=systemd:/system.slice/sglang.service/payload\n0::/\n") == "/system.slice/sglang.service/payload"
+    assert parse_cgroup_path("0::/user.slice/user-0.slice/session-3.scope\n") == "/user.slice/user-0.slice/session-3.scope"
 
 
 def test_parse_maps_identities_reads_hex_device_and_inode():
