@@ -173,7 +173,8 @@ def take(request: LeaseRequest, store: LeaseStore, dry_run: bool, still_wanted, 
         raise RequesterGone(f"{request.name}: stopped waiting for {outcome.holder['owner']} after {waited:.0f}s - whoever asked for the "
                             "lease is gone (its controller was interrupted); nothing was taken", holder=outcome.holder, recovered=None, waited=waited)
     if outcome.working:
-        raise LockTimeout(f"{request.name}: the work of {outcome.holder['owner'] or 'a run that gave the lease back'} still runs on this node (pid {outcome.working}: "
+        whose = outcome.holder["owner"] or "a run that gave the lease back"
+        raise LockTimeout(f"{request.name}: the work of {whose} still runs on this node (pid {outcome.working}: "
                           f"a switch whose controller was interrupted finishes its cutover); waited {waited:.0f}s",
                           holder=outcome.holder, recovered=None, waited=waited, working=outcome.working)
     if outcome.holder["owner"] != request.owner:

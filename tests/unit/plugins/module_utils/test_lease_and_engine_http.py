@@ -65,33 +65,6 @@ def test_a_dead_owner_is_broken_at_once_and_only_that_owner(store):
     assert taken.taken and taken.recovered == {"owner": "interrupted-run", "broken": True}
 
 
-def test_a_lease_given_back_while_its_work_still_runs_is_taken_only_once_that_work_ended(store):
-    """E11, SSH dropped: a controller that lost the node during its cutover gives the lease back over a new connection
-    while the cutover goes on; the next run waits for that work all the same."""
-    import fcntl
-    import os
-
-    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import LockTimeout
-    from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseRequest, take
-
-    leases, _clock = store
-    leases.acquire("cut-off-run", 600, 0)
-    work = os.open(leases.work_path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(work, fcntl.LOCK_EX)
-    os.pwrite(work, b"4343\n", 0)
-    try:
-        assert leases.release("cut-off-run")
-        blocked = leases.acquire("next-run", 60, 0)
-        assert not blocked.taken and blocked.working == "4343" and blocked.holder["owner"] is None
-        with pytest.raises(LockTimeout, match=r"the work of a run that gave the lease back still runs on this node \(pid 4343"):
-            take(LeaseRequest("switch_engine", "next-run", "acquired", 60, 0, None), leases, False, still_wanted=lambda: True)
-    finally:
-        os.close(work)
-    taken = leases.acquire("next-run", 60, 0)
-    assert taken.taken and taken.recovered is None
-    assert not leases.acquire("next-run", 60, 0, break_owner="next-run").taken, "renewing one's own lease breaks nothing"
-
-
 def test_a_wait_whose_requester_is_gone_ends_and_takes_nothing(store, monkeypatch):
     """An interrupted controller's wait must not take the lease later for a run that no longer exists."""
     import time as time_module
