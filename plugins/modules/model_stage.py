@@ -122,8 +122,12 @@ fetch:
   type: list
   elements: dict
 bytes:
-  description: Bytes fetched by this run (in check mode, to fetch).
+  description: Bytes fetched by this run (in check mode, to fetch) - a resumed download counts only what it fetched.
   returned: always
+  type: int
+resumed_bytes:
+  description: Bytes an interrupted earlier run had fetched of the files this run finished (resumed, not fetched again).
+  returned: when a download ran
   type: int
 seconds:
   description: Seconds downloading.
@@ -160,6 +164,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 
 try:
     import huggingface_hub
@@ -199,6 +204,13 @@ class Disk:
             with open(os.path.join(directory, name), "rb") as source:
                 return source.read(count)
         return staging.Listing(files, read_head)
+
+    def incomplete_bytes(self, partial: str) -> int:
+        """Bytes huggingface_hub already holds of files it did not finish (its .incomplete files under .cache)."""
+        total = 0
+        for top, _dirs, names in os.walk(os.path.join(partial, ".cache")):
+            total += sum(os.path.getsize(os.path.join(top, name)) for name in names if name.endswith(".incomplete"))
+        return total
 
     def free_bytes(self, path: str) -> int:
         while not os.path.exists(path):
@@ -276,6 +288,17 @@ def chown_tree(path: str, owner: str) -> None:
 
 
 def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
+    """One run at a time per destination: a rerun while an interrupted run's download still goes on waits for it (the
+    download's child process holds the lock too), then finds what it fetched."""
+    if module.check_mode:
+        return plan_and_stage(module, disk, result)
+    dest = module.params["dest"]
+    os.makedirs(os.path.dirname(dest.rstrip("/")), mode=0o755, exist_ok=True)
+    with host_lock(dest.rstrip("/") + ".lock", module.params["timeout"]):
+        return plan_and_stage(module, disk, result)
+
+
+def plan_and_stage(module: AnsibleModule, disk: Disk, result: dict) -> dict:
     params = module.params
     dest = params["dest"]
     partial = staging.partial_path(dest)
@@ -299,8 +322,18 @@ def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
         module.fail_json(msg=f"{params['source']}: {plan.message}; nothing was written", **result)
     if module.check_mode:
         return dict(result, changed=bool(fetch) or bool(plan.remove) or not os.path.isdir(dest))
+    return fetch_into_place(module, disk, result, plan, token, expected)
+
+
+def fetch_into_place(module: AnsibleModule, disk: Disk, result: dict, plan: staging.StagePlan, token: str | None, expected: dict) -> dict:
+    """Make room, download into <dest>.partial, verify, hand it to the owner and rename it to dest."""
+    params = module.params
+    dest = params["dest"]
+    partial = staging.partial_path(dest)
     for candidate in plan.remove:
         shutil.rmtree(candidate["path"])
+    # an interrupted run's half-fetched files: huggingface_hub resumes them with Range requests, so this run fetches less
+    resumed = disk.incomplete_bytes(partial)
     seconds = download(params, token, partial, plan.fetch_bytes, disk)
     problems = staging.checkpoint_problems(disk.listing(partial), expected)
     if problems:
@@ -310,8 +343,9 @@ def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
     if os.path.isdir(dest):
         shutil.rmtree(dest)  # an incomplete copy (problems above), never the complete one
     os.rename(partial, dest)
-    rate = plan.fetch_bytes / seconds / staging.MIB if seconds > 0 and plan.fetch_bytes else None
-    return dict(result, changed=True, seconds=round(seconds, 3), rate_mib_s=round(rate, 1) if rate else None)
+    fetched = max(0, plan.fetch_bytes - resumed)
+    rate = fetched / seconds / staging.MIB if seconds > 0 and fetched else None
+    return dict(result, changed=True, bytes=fetched, resumed_bytes=resumed, seconds=round(seconds, 3), rate_mib_s=round(rate, 1) if rate else None)
 
 
 def main() -> None:

@@ -146,13 +146,25 @@ def _common(read: _Reader) -> dict:
             read.fail("extra_args", f"{arg!r} is one argument holding a space; give the option and its value as two items, "
                                     f"e.g. {str(arg).split(None, 1)!r}")
     port = _port(read)
+    model = read.text("model", required=True)
+    model_dir = staged_model_dir(read)
     return {
-        "model": read.text("model", required=True), "served": read.text("served_model_name"), "host": read.text("host") or "127.0.0.1",
+        # a hub model staged on the node is read from its directory, still served under its hub name
+        "model": model_dir or model, "served": read.text("served_model_name") or (model if model_dir else ""),
+        "host": read.text("host") or "127.0.0.1",
         "port": port, "tp": read.number("tensor_parallel_size", minimum=1), "dp": read.number("data_parallel_size", minimum=1),
         "fraction": fraction, "max_len": read.number("max_model_len", minimum=1),
         "max_running": read.number("max_running_requests", minimum=1), "extra": [str(arg) for arg in extra],
         "quantization": read.text("quantization"), "kv_cache_dtype": read.text("kv_cache_dtype"),
     }
+
+
+def staged_model_dir(read: _Reader) -> str:
+    """Where the hub model was staged on the node (model_dir), or empty: the unit then reads it there, offline."""
+    model_dir = read.text("model_dir")
+    if model_dir and not posixpath.isabs(model_dir):
+        read.fail("model_dir", f"give the absolute directory the hub model was staged into, got {model_dir!r}")
+    return model_dir
 
 
 def speculative(read: _Reader) -> dict | None:
@@ -356,6 +368,10 @@ def engine_facts(config: dict, engine: str) -> dict:
         "port": port,
         "url": probe_url(host, port),
         "model": read.text("model") or None,
+        "model_revision": read.text("model_revision") or "main",
+        # where the weights are on the node: the staged directory of a hub model, else the model as given
+        "model_dir": staged_model_dir(read) or None,
+        "model_path": staged_model_dir(read) or read.text("model") or None,
         "served_model_name": read.text("served_model_name") or read.text("model") or None,
         "secrets_path": f"{SECRETS_DIR}/{unit[: -len('.service')]}.secrets",
         "api_key_set": bool(api_key),
@@ -379,8 +395,10 @@ def engine_facts(config: dict, engine: str) -> dict:
         "exec_start": _escaped(read, "extra_args", lambda words: _systemd_escape.exec_line(words, expand), [[argv]])[0],
         "environment": {str(name): str(value) for name, value in environment.items()},
         # HOME and XDG_CACHE_HOME first: the user's own environment, written after them, may override them
+        # and a staged model's engine never reaches for the hub: nothing is downloaded inside the downtime
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
-                                      [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")] + sorted(environment.items())),
+                                      [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")]
+                                      + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) else []) + sorted(environment.items())),
         "speculative": spec,
         # what the preflight checks before the node is disrupted
         "draft_model": spec["draft_model"] if spec else None,

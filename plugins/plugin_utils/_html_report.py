@@ -135,8 +135,10 @@ def timeline(document: dict) -> str:
             colour, label = PHASES.get(phase["phase"], ("#d9e2ec", phase["phase"]))
             quiet = phase["phase"] in QUIET_PHASES
             bar_y, bar_h = (y + row / 2 - 1, 2) if quiet else (y + 2, max(row - 4, 2))
+            # the stage bar says what staging the model did: fetched (bytes, rate), present, or why it failed
+            detail = (" - " + _reports.stage_line(report["stage"], bool(report.get("plan")))) if phase["phase"] == "stage" and report.get("stage") else ""
             parts.append(f'<rect x="{x(start):.1f}" y="{bar_y:.1f}" width="{max(x(start + seconds) - x(start), 1):.1f}" '
-                         f'height="{bar_h}" fill="{colour}"><title>{_e(name)}: {_e(label)} {seconds:.1f} s</title></rect>')
+                         f'height="{bar_h}" fill="{colour}"><title>{_e(name)}: {_e(label)} {seconds:.1f} s{_e(detail)}</title></rect>')
         if failed:
             parts.append(_failure_mark(report, name, origin, x, y, row))
     parts.append("</svg>")

@@ -22,7 +22,7 @@ SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILE
 SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
 # the phases of a switch, in order; a host's durations are keyed by them (plan: check mode only)
-PHASES = ("lease", "discover", "preflight", "prewarm", "backup", "stage", "plan", "leave_rotation", "cutover", "drain", "teardown",
+PHASES = ("lease", "discover", "preflight", "backup", "stage", "prewarm", "plan", "leave_rotation", "cutover", "drain", "teardown",
           "bring_up", "verify", "rollback", "join_rotation", "soak", "boot")
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
 DOWNTIME_PARTS = ("leave_rotation", "cutover", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
@@ -184,6 +184,20 @@ def _prewarm(result) -> dict | None:
     return {key: result.get(key) for key in ("bytes", "total_bytes", "files", "seconds", "finished", "skipped_reason")}
 
 
+def stage_record(result: dict, source: str) -> dict | None:
+    """The target's model staging as the report keeps it (docs/reports.md: hosts.<host>.stage), from model_stage's
+    result (or the async wait's); None where no model was staged."""
+    if not result or result.get("skipped"):
+        return None
+    failed = bool(result.get("failed")) or (result.get("finished") == 0 and result.get("ansible_job_id") is not None)
+    fetched = result.get("fetch") or []
+    return {"source": source, "dest": result.get("dest"), "present": bool(result.get("present")), "files": len(fetched),
+            "bytes": int(result.get("bytes") or 0), "resumed_bytes": int(result.get("resumed_bytes") or 0),
+            "seconds": float(result.get("seconds") or 0.0), "rate_mib_s": result.get("rate_mib_s"),
+            "room": dict(result.get("room") or {}), "removed": list(result.get("removed") or []), "problems": list(result.get("problems") or []),
+            "error": failure_reason(result) if failed else None}
+
+
 def _plan(plan, teardown) -> dict | None:
     if not plan:
         return None
@@ -266,6 +280,7 @@ def switch_host_report(record: dict) -> dict:
         "preflight": _preflight(record.get("preflight")),
         "gpu_holders": _gpu_holders(record.get("gpu_holders")),
         "prewarm": _prewarm(record.get("prewarm")),
+        "stage": record.get("stage") or None,
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
@@ -283,6 +298,25 @@ def _gpu_holders(found) -> dict | None:
     return {group: [{key: holder.get(key) for key in keys} for holder in found.get(group) or []] for group in ("foreign", "escaped")}
 
 
+def stage_line(stage: dict, planned: bool) -> str:
+    """One line of the table's details: what staging the target's model did (or, in check mode, would do)."""
+    source = stage.get("source")
+    removed = stage.get("removed") or []
+    freed = (f"; {'would remove' if planned else 'removed'} {', '.join(item['path'] for item in removed)} "
+             f"({_gib(sum(item['bytes'] for item in removed))}) to make room") if removed else ""
+    if stage.get("error"):
+        return f"stage of {source} failed: {stage['error']}"
+    if stage.get("present"):
+        return f"model {source} already staged in {stage.get('dest')}, complete: nothing fetched"
+    if planned:
+        room = stage.get("room") or {}
+        return (f"would fetch {_gib(stage.get('bytes') or 0)} of {source} ({stage.get('files')} file(s)) into {stage.get('dest')}, "
+                f"{_gib(room.get('free_bytes') or 0)} free{freed}")
+    rate = f", {stage['rate_mib_s']} MiB/s" if stage.get("rate_mib_s") else ""
+    resumed = f" (resumed: {_gib(stage['resumed_bytes'])} were there)" if stage.get("resumed_bytes") else ""
+    return f"staged {source}: fetched {_gib(stage.get('bytes') or 0)} in {_seconds(stage.get('seconds'))} s{rate}{resumed} before the drain{freed}"
+
+
 def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
     """A host the run left as it was: behind a stopped rollout (``serving``: the engines it was seen serving, read
     without touching it), outside the limit, or never reached (``serving`` None: not known)."""
@@ -291,7 +325,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "gpu_holders": None, "prewarm": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
 
 
@@ -495,6 +529,9 @@ def switch_table(document: dict) -> str:
                 details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")
             for process in plan.get("processes_to_signal") or []:
                 details.append(f"{host}: would signal {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
+        stage = report.get("stage")
+        if stage:
+            details.append(f"{host}: {stage_line(stage, bool(plan))}")
         prewarm = report.get("prewarm")
         if prewarm and prewarm.get("bytes"):
             details.append(f"{host}: prewarm read {_gib(prewarm['bytes'])} of weights in {_seconds(prewarm.get('seconds'))} s"

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
 CUTOVER_RESULTS = ("switched", "rolled_back", "rollback_failed")
@@ -107,3 +109,21 @@ def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> b
     if not found.get("exists") or int(found.get("mode") or "0", 8) % 8 >= 6:
         return True
     return found.get("group") in (account.get("groups") or [])
+
+
+def staged_model_dir(model: str, revision: str, root: str) -> str:
+    """Where the switch stages a hub model (org/name) under ``root``: ``org--name``, ``@revision`` added when it is not
+    main; empty for a model given as a path (verified where it is) or without a root (not staged)."""
+    if not root or not model or model.startswith("/"):
+        return ""
+    if not root.startswith("/"):
+        raise SwitchError(f"switch_engine_models_root: give an absolute directory, got {root!r}")
+    try:
+        if parse_source(model) != "hub":
+            return ""
+    except InvalidInput as error:
+        raise SwitchError(str(error)) from None
+    revision = revision or "main"
+    if "/" in revision or revision.startswith(".") or not revision.strip():
+        raise SwitchError(f"model revision {revision!r}: give a branch, tag or commit without '/'")
+    return f"{root.rstrip('/')}/{model.replace('/', '--')}" + ("" if revision == "main" else f"@{revision}")

@@ -86,6 +86,8 @@ def test_an_interrupted_download_is_not_a_model_and_a_plain_rerun_resumes_it(tmp
     resumed = run_module("model_stage", stage_args(start(), dest))
     assert resumed["changed"] and not finished & {entry["name"] for entry in resumed["fetch"]}, "what was finished is not fetched again"
     assert resumed["bytes"] < sum(path.stat().st_size for path in repository.iterdir())
+    # a file cut halfway is resumed, not fetched again: what this run fetched and what was there make the files it finished
+    assert resumed["bytes"] + resumed["resumed_bytes"] == sum(entry["bytes"] for entry in resumed["fetch"])
     assert (dest / "model-00002-of-00002.safetensors").read_bytes() == (repository / "model-00002-of-00002.safetensors").read_bytes()
 
 

@@ -42,7 +42,8 @@ FIRST_SSH_PORT = int(os.environ.get("GPUFLEET_LAB_PORT") or 2221)
 MODELS = REPO / "build" / "models"
 MODEL_MIB = int(os.environ.get("GPUFLEET_LAB_MODEL_MIB") or 64)
 ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, published on 127.0.0.1 with --http-port
-RECIPE_VERSION = "3"  # bump when build_image() changes
+HUGGINGFACE_HUB = "2.4.0"  # as requirements-dev.txt pins it
+RECIPE_VERSION = "4"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 # libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
@@ -164,6 +165,8 @@ def build_image() -> str:
         run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels), "nvidia-ml-py==13.615.71"])
         run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--find-links", str(wheels),
              "--target", str(site), "nvidia-ml-py==13.615.71"])
+        # model_stage downloads with the engines' own hub client (from the node's loopback hub endpoint in the lab)
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), f"huggingface_hub=={HUGGINGFACE_HUB}"])
         (site / "sglang").mkdir(parents=True, exist_ok=True)
         (site / "sglang" / "__init__.py").write_text(SGLANG_INIT)
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)

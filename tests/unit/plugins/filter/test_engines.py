@@ -222,6 +222,24 @@ def test_facts_say_where_everything_is():
     assert facts["secrets_lines"] == ['SGLANG_API_KEY="k"'] and facts["api_key_set"]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_staged_hub_model_is_read_from_its_directory_offline_under_its_hub_name(engine):
+    """Issue 27: the unit reads the staged copy, never the hub (HF_HUB_OFFLINE=1), and clients keep the hub name."""
+    staged = engines.engine_facts(config(engine, model="meta-llama/Llama-3.3-70B-Instruct", served_model_name="",
+                                         model_dir="/var/lib/gpufleet/models/meta-llama--Llama-3.3-70B-Instruct"), engine)
+    parsed = vars(parse_rendered(engine, staged))
+    assert parsed["model_tag" if engine == "vllm" else "model_path"] == "/var/lib/gpufleet/models/meta-llama--Llama-3.3-70B-Instruct"
+    assert parsed["served_model_name"] in ("meta-llama/Llama-3.3-70B-Instruct", ["meta-llama/Llama-3.3-70B-Instruct"])
+    assert '"HF_HUB_OFFLINE=1"' in staged["environment_lines"]
+    assert staged["model"] == "meta-llama/Llama-3.3-70B-Instruct" and staged["model_path"] == staged["model_dir"]
+    assert staged["served_model_name"] == "meta-llama/Llama-3.3-70B-Instruct"
+    unstaged = engines.engine_facts(config(engine, model="meta-llama/Llama-3.3-70B-Instruct"), engine)
+    assert unstaged["model_dir"] is None and unstaged["model_path"] == "meta-llama/Llama-3.3-70B-Instruct"
+    assert not [line for line in unstaged["environment_lines"] if "HF_HUB_OFFLINE" in line]
+    with pytest.raises(engines.EngineArgsError, match=f"{engine}_model_dir: give the absolute directory"):
+        engines.engine_facts(config(engine, model_dir="models/x"), engine)
+
+
 def test_facts_carry_what_the_preflight_checks():
     vllm = engines.engine_facts(config("vllm", tensor_parallel_size=4, data_parallel_size=2, environment={"CUDA_VISIBLE_DEVICES": "0,1"},
                                        speculative={"draft_model": "/models/EAGLE3"}), "vllm")

@@ -140,7 +140,27 @@ def planned_record() -> dict:
                          outcome={"result": "would_switch"}, preflight=CHECKS, teardown=teardown,
                          prewarm={"changed": False, "bytes": 0, "total_bytes": 10, "files": 1, "seconds": 0.0, "finished": False,
                                   "skipped_reason": "check mode: nothing read"},
-                         plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False}})
+                         plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False}},
+                         stage=reports.stage_record(STAGE_PLAN, "lab/tiny-llama"))
+
+
+# what model_stage answers in check mode for a hub model that needs fetching and room made
+STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet/models/lab--tiny-llama", "present": False,
+              "fetch": [{"name": "model.safetensors", "bytes": 3 * 2**30}, {"name": "config.json", "bytes": 600}],
+              "bytes": 3 * 2**30 + 600, "seconds": 0.0, "rate_mib_s": None,
+              "room": {"free_bytes": 2 * 2**30, "needed_bytes": 4 * 2**30, "ok": True},
+              "removed": [{"path": "/var/lib/gpufleet/models/old--model", "bytes": 2**31}], "problems": []}
+
+
+def test_the_stage_record_keeps_what_was_fetched_or_would_be_and_why_it_failed():
+    planned = reports.stage_record(STAGE_PLAN, "lab/tiny-llama")
+    assert planned["files"] == 2 and planned["bytes"] == 3 * 2**30 + 600 and planned["error"] is None and not planned["present"]
+    assert planned["removed"] == [{"path": "/var/lib/gpufleet/models/old--model", "bytes": 2**31}]
+    done = reports.stage_record({"finished": 1, "ansible_job_id": "j1", "present": True, "dest": "/m/x", "bytes": 0}, "org/x")
+    assert done["present"] and done["error"] is None
+    failed = reports.stage_record({"failed": True, "finished": 1, "ansible_job_id": "j2", "msg": "org/x: needs 9 GiB, 2 GiB free"}, "org/x")
+    assert failed["error"] == "org/x: needs 9 GiB, 2 GiB free"
+    assert reports.stage_record({"skipped": True}, "org/x") is None and reports.stage_record({}, "org/x") is None
 
 
 def test_downtime_runs_from_leaving_rotation_to_the_end_of_joining_it():

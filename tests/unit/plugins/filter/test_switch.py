@@ -53,3 +53,16 @@ def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
     assert record["serving_since"] is None, "no engine serves after a failed rollback"
     with pytest.raises(_switch.SwitchError, match="'maybe' is not one of"):
         _switch.cutover_record({"result": "maybe"})
+
+
+def test_a_hub_model_is_staged_under_the_models_root_and_a_path_is_not():
+    root = "/var/lib/gpufleet/models"
+    assert _switch.staged_model_dir("meta-llama/Llama-3.3-70B-Instruct", "main", root) == f"{root}/meta-llama--Llama-3.3-70B-Instruct"
+    assert _switch.staged_model_dir("org/m", "v1.2", root + "/") == f"{root}/org--m@v1.2", "another revision, another directory"
+    assert _switch.staged_model_dir("/models/Llama", "main", root) == "", "a path is verified where it is"
+    assert _switch.staged_model_dir("org/m", "main", "") == "", "no root: not staged"
+    for model, revision, root_given, message in [("org/m", "main", "models", "switch_engine_models_root: give an absolute directory"),
+                                                 ("org/m", "../x", root, "model revision '../x'"),
+                                                 ("not a model", "main", root, "neither a hub repository")]:
+        with pytest.raises(_switch.SwitchError, match=message):
+            _switch.staged_model_dir(model, revision, root_given)
