@@ -79,7 +79,7 @@ requirements:
   - systemd, when O(unit) is given
 notes:
   - The wait and the soak end (failed) at their next probe once the controller is gone (interrupted, or its SSH
-    connection dropped): nothing keeps polling a node for no one.
+    connection dropped) - nothing keeps polling a node for no one.
 seealso:
   - module: gpufleet.serving.engine_drain
 """

@@ -83,7 +83,7 @@ requirements:
   - the NVIDIA driver (libnvidia-ml.so.1)
 notes:
   - The task can take up to O(timeout) plus O(nvml_timeout) seconds, and ends (failed) at its next poll once its
-    controller is gone (interrupted, or its SSH connection dropped): nothing keeps polling a node for no one.
+    controller is gone (interrupted, or its SSH connection dropped) - nothing keeps polling a node for no one.
   - MIG instances are not checked separately; the parent GPU's memory is asserted.
 seealso:
   - module: gpufleet.serving.gpu_holders_kill
