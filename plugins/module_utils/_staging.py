@@ -222,3 +222,15 @@ def partial_path(dest: str) -> str:
 
 def _gib(count: int) -> str:
     return f"{count / 2**30:.2f} GiB"
+
+
+def blocked_parent(parents: list[tuple[str, int, int, int]], uid: int, gids: set[int]) -> str | None:
+    """The first directory on the way to a model that its engine's user cannot pass through (no search permission),
+    described; None when every one lets it. ``parents``: (path, mode, owner uid, group gid) of each existing one."""
+    for path, mode, owner, group in parents:
+        if uid == 0:
+            return None
+        bit = 0o100 if owner == uid else 0o010 if group in gids else 0o001
+        if not mode & bit:
+            return f"{path} (mode {mode & 0o7777:04o}, owner uid {owner}, group gid {group})"
+    return None

@@ -153,6 +153,7 @@ problems:
   elements: str
 """
 
+import grp
 import os
 import pwd
 import shutil
@@ -287,12 +288,35 @@ def chown_tree(path: str, owner: str) -> None:
             os.lchown(name, entry.pw_uid, entry.pw_gid)
 
 
+def check_reachable(dest: str, owner: str, check_mode: bool) -> None:
+    """The engine's user must reach the staged model: every existing directory above it must let it through."""
+    try:
+        entry = pwd.getpwnam(owner)
+    except KeyError:
+        if check_mode:  # a plan: the switch creates the engine's user only when it really runs
+            return
+        raise Error(f"owner: no user {owner!r} on this node (the engine's user is created by the switch's preflight)") from None
+    gids = {entry.pw_gid} | {group.gr_gid for group in grp.getgrall() if owner in group.gr_mem}
+    parents, current = [], os.path.dirname(dest.rstrip("/"))
+    while current not in ("", "/"):
+        if os.path.exists(current):
+            status = os.stat(current)
+            parents.append((current, status.st_mode, status.st_uid, status.st_gid))
+        current = os.path.dirname(current)
+    blocked = staging.blocked_parent(list(reversed(parents)), entry.pw_uid, gids)
+    if blocked:
+        raise Error(f"dest: {owner} could not read the model at {dest}: it cannot pass through {blocked}; choose a directory "
+                    "it can reach (switch_engine_models_root), nothing was fetched")
+
+
 def stage_hub(module: AnsibleModule, disk: Disk, result: dict) -> dict:
     """One run at a time per destination: a rerun while an interrupted run's download still goes on waits for it (the
     download's child process holds the lock too), then finds what it fetched."""
+    dest = module.params["dest"]
+    if module.params["owner"]:
+        check_reachable(dest, module.params["owner"], module.check_mode)
     if module.check_mode:
         return plan_and_stage(module, disk, result)
-    dest = module.params["dest"]
     os.makedirs(os.path.dirname(dest.rstrip("/")), mode=0o755, exist_ok=True)
     with host_lock(dest.rstrip("/") + ".lock", module.params["timeout"]):
         return plan_and_stage(module, disk, result)

@@ -63,13 +63,24 @@ def test_check_mode_says_what_would_be_fetched_then_the_download_is_complete_and
     total = sum(path.stat().st_size for path in repository.iterdir())
     assert plan["changed"] and plan["bytes"] == total and len(plan["fetch"]) == 5 and not dest.exists()
     assert plan["room"]["ok"] and plan["room"]["needed_bytes"] == total
-    staged = run_module("model_stage", stage_args(endpoint, dest, owner="daemon"))
+    # pytest's own directories are root's alone: the engine's user could not read a model there, and is not given one
+    refused = run_module("model_stage", stage_args(endpoint, dest, owner="daemon"))
+    assert refused.failed and "daemon could not read the model" in refused["msg"] and "nothing was fetched" in refused["msg"]
+    assert not dest.exists() and not Path(f"{dest}.partial").exists()
+    opened = {directory: directory.stat().st_mode for directory in [tmp_path, *tmp_path.parents] if not directory.stat().st_mode & 0o001}
+    for directory, mode in opened.items():
+        directory.chmod(mode | 0o005)
+    try:
+        staged = run_module("model_stage", stage_args(endpoint, dest, owner="daemon"))
+        again = run_module("model_stage", stage_args(endpoint, dest, owner="daemon"))
+    finally:
+        for directory, mode in opened.items():
+            directory.chmod(mode)
     assert staged["changed"] and staged["bytes"] == total and not staged["present"] and staged["rate_mib_s"] > 0
     for path in repository.iterdir():
         assert (dest / path.name).read_bytes() == path.read_bytes()
         assert (dest / path.name).stat().st_uid == 1  # daemon
     assert not Path(f"{dest}.partial").exists()
-    again = run_module("model_stage", stage_args(endpoint, dest, owner="daemon"))
     assert not again["changed"] and again["present"] and again["bytes"] == 0
 
 

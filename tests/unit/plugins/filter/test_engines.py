@@ -226,9 +226,9 @@ def test_facts_say_where_everything_is():
 def test_a_staged_hub_model_is_read_from_its_directory_offline_under_its_hub_name(engine):
     """Issue 27: the unit reads the staged copy, never the hub (HF_HUB_OFFLINE=1), and clients keep the hub name."""
     staged = engines.engine_facts(config(engine, model="meta-llama/Llama-3.3-70B-Instruct", served_model_name="",
-                                         model_dir="/var/lib/gpufleet/models/meta-llama--Llama-3.3-70B-Instruct"), engine)
+                                         model_dir="/var/lib/gpufleet-models/meta-llama--Llama-3.3-70B-Instruct"), engine)
     parsed = vars(parse_rendered(engine, staged))
-    assert parsed["model_tag" if engine == "vllm" else "model_path"] == "/var/lib/gpufleet/models/meta-llama--Llama-3.3-70B-Instruct"
+    assert parsed["model_tag" if engine == "vllm" else "model_path"] == "/var/lib/gpufleet-models/meta-llama--Llama-3.3-70B-Instruct"
     assert parsed["served_model_name"] in ("meta-llama/Llama-3.3-70B-Instruct", ["meta-llama/Llama-3.3-70B-Instruct"])
     assert '"HF_HUB_OFFLINE=1"' in staged["environment_lines"]
     assert staged["model"] == "meta-llama/Llama-3.3-70B-Instruct" and staged["model_path"] == staged["model_dir"]

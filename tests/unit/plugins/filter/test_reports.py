@@ -145,17 +145,17 @@ def planned_record() -> dict:
 
 
 # what model_stage answers in check mode for a hub model that needs fetching and room made
-STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet/models/lab--tiny-llama", "present": False,
+STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet-models/lab--tiny-llama", "present": False,
               "fetch": [{"name": "model.safetensors", "bytes": 3 * 2**30}, {"name": "config.json", "bytes": 600}],
               "bytes": 3 * 2**30 + 600, "seconds": 0.0, "rate_mib_s": None,
               "room": {"free_bytes": 2 * 2**30, "needed_bytes": 4 * 2**30, "ok": True},
-              "removed": [{"path": "/var/lib/gpufleet/models/old--model", "bytes": 2**31}], "problems": []}
+              "removed": [{"path": "/var/lib/gpufleet-models/old--model", "bytes": 2**31}], "problems": []}
 
 
 def test_the_stage_record_keeps_what_was_fetched_or_would_be_and_why_it_failed():
     planned = reports.stage_record(STAGE_PLAN, "lab/tiny-llama")
     assert planned["files"] == 2 and planned["bytes"] == 3 * 2**30 + 600 and planned["error"] is None and not planned["present"]
-    assert planned["removed"] == [{"path": "/var/lib/gpufleet/models/old--model", "bytes": 2**31}]
+    assert planned["removed"] == [{"path": "/var/lib/gpufleet-models/old--model", "bytes": 2**31}]
     done = reports.stage_record({"finished": 1, "ansible_job_id": "j1", "present": True, "dest": "/m/x", "bytes": 0}, "org/x")
     assert done["present"] and done["error"] is None
     failed = reports.stage_record({"failed": True, "finished": 1, "ansible_job_id": "j2", "msg": "org/x: needs 9 GiB, 2 GiB free"}, "org/x")

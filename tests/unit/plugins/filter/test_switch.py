@@ -56,7 +56,7 @@ def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
 
 
 def test_a_hub_model_is_staged_under_the_models_root_and_a_path_is_not():
-    root = "/var/lib/gpufleet/models"
+    root = "/var/lib/gpufleet-models"
     assert _switch.staged_model_dir("meta-llama/Llama-3.3-70B-Instruct", "main", root) == f"{root}/meta-llama--Llama-3.3-70B-Instruct"
     assert _switch.staged_model_dir("org/m", "v1.2", root + "/") == f"{root}/org--m@v1.2", "another revision, another directory"
     assert _switch.staged_model_dir("/models/Llama", "main", root) == "", "a path is verified where it is"

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._staging import (
     Listing,
@@ -127,3 +128,14 @@ def test_prune_never_offers_a_kept_model_or_anything_outside_the_root():
                    {"path": "/srv/elsewhere", "bytes": 1}, {"path": "/models/eagle", "bytes": 1}]
     keep = ["/models/llama-70b", "/models/eagle/", "/models/nested/deep"]
     assert [d["path"] for d in prune_candidates(directories, keep, "/models/")] == ["/models/older", "/models/old"]
+
+
+def test_a_directory_the_engines_user_cannot_pass_through_is_named():
+    """A model staged where its engine cannot read it would fail the engine's start after the drain: refused first."""
+    root_only = ("/var/lib/gpufleet", 0o40700, 0, 0)
+    open_dirs = [("/var", 0o40755, 0, 0), ("/var/lib", 0o40755, 0, 0)]
+    assert staging.blocked_parent(open_dirs + [root_only], uid=998, gids={998}) == "/var/lib/gpufleet (mode 0700, owner uid 0, group gid 0)"
+    assert staging.blocked_parent(open_dirs + [("/srv/models", 0o40750, 0, 44)], uid=998, gids={998, 44}) is None, "through its group"
+    assert staging.blocked_parent(open_dirs + [("/srv/models", 0o40700, 998, 0)], uid=998, gids={998}) is None, "its own directory"
+    assert staging.blocked_parent(open_dirs + [("/srv/models", 0o40754, 0, 0)], uid=998, gids={998}) is not None, "read is not search"
+    assert staging.blocked_parent([root_only], uid=0, gids={0}) is None
