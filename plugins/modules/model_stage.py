@@ -73,6 +73,15 @@ options:
     description: Remove unused model directories under O(models_root) (not in O(keep)) when there is not enough room.
     type: bool
     default: false
+  merge_gguf:
+    description:
+      - For a local split GGUF (O(source) its directory or one of its parts, every part there) - write the parts as one
+        C(<stem>.gguf) beside them, for engines that load a single GGUF file (vLLM). Its header is rebuilt (the first
+        part's metadata without the C(split.*) keys, every tensor's offset moved), the data copied as it is, through
+        C(<stem>.gguf.partial) renamed once whole; room for it plus O(margin_mib) is checked first. A merged file with
+        the same header and size is left alone.
+    type: bool
+    default: false
   timeout:
     description: Seconds the download may take; past it the module fails, and the next run resumes from what it fetched.
     type: float
@@ -146,6 +155,10 @@ removed:
   returned: always
   type: list
   elements: dict
+merged:
+  description: With O(merge_gguf) - C(path), C(parts) and C(bytes) of the merged GGUF.
+  returned: when O(merge_gguf)
+  type: dict
 problems:
   description: What makes the model incomplete (a missing shard, a short file), before this run's download.
   returned: always
@@ -163,6 +176,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _gguf as gguf
 from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
@@ -187,6 +201,7 @@ ARGUMENT_SPEC = dict(
     keep=dict(type="list", elements="path", default=[]),
     prune=dict(type="bool", default=False),
     timeout=dict(type="float", default=14400),
+    merge_gguf=dict(type="bool", default=False),
 )
 
 
@@ -372,6 +387,81 @@ def fetch_into_place(module: AnsibleModule, disk: Disk, result: dict, plan: stag
     return dict(result, changed=True, bytes=fetched, resumed_bytes=resumed, seconds=round(seconds, 3), rate_mib_s=round(rate, 1) if rate else None)
 
 
+def split_gguf_parts(source: str) -> tuple[str, list[str]]:
+    """The merged file's path and the parts of the split GGUF at ``source`` (its directory, or one of its parts)."""
+    directory = source if os.path.isdir(source) else os.path.dirname(source)
+    wanted = staging.SPLIT_GGUF.match(os.path.basename(source)) if not os.path.isdir(source) else None
+    stems: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(directory)):
+        match = staging.SPLIT_GGUF.match(name)
+        if match and (wanted is None or match["stem"] == wanted["stem"]):
+            stems.setdefault(match["stem"], []).append(os.path.join(directory, name))
+    if len(stems) != 1:
+        raise Error(f"merge_gguf: {source} holds {'no split GGUF' if not stems else 'several split GGUFs: ' + ', '.join(sorted(stems))}; "
+                    "give one of its parts as source")
+    stem, parts = next(iter(stems.items()))
+    return os.path.join(directory, f"{stem}.gguf"), parts
+
+
+def merge_split_gguf(module: AnsibleModule, disk: Disk) -> dict:
+    """One GGUF beside the parts (engines such as vLLM load a single file): written through <merged>.partial, renamed
+    once whole; a merged file whose header and size are the plan's is left alone."""
+    params = module.params
+    merged, names = split_gguf_parts(params["source"])
+    parts = []
+    for name in names:
+        with open(name, "rb") as handle:
+            parts.append(gguf.read_part(handle, name, os.path.getsize(name)))
+    plan = gguf.plan_merge(parts)
+    report = {"merged": {"path": merged, "parts": len(names), "bytes": plan.size}}
+    if os.path.isfile(merged) and os.path.getsize(merged) == plan.size:
+        with open(merged, "rb") as existing:
+            if existing.read(len(plan.header)) == plan.header:
+                return report
+    free, needed = disk.free_bytes(merged), plan.size + params["margin_mib"] * staging.MIB
+    report["room"] = {"free_bytes": free, "needed_bytes": needed, "ok": free >= needed}
+    if free < needed:
+        raise Error(f"merge_gguf: {merged} needs {needed / 2**30:.2f} GiB (with the margin), {free / 2**30:.2f} GiB free; nothing was written")
+    if module.check_mode:
+        return dict(report, changed=True)
+    started = time.monotonic()
+    partial = merged + ".partial"
+    try:
+        with open(partial, "wb") as out:
+            out.write(plan.header)
+            for (name, start, length), pad in zip(plan.copies, plan.pads):
+                with open(name, "rb") as source:
+                    source.seek(start)
+                    shutil.copyfileobj(_bounded(source, length), out, 16 * staging.MIB)
+                out.write(bytes(pad))
+            out.flush()
+            os.fsync(out.fileno())
+        if os.path.getsize(partial) != plan.size:
+            raise Error(f"merge_gguf: {partial} came out {os.path.getsize(partial)} bytes, not {plan.size}; nothing was renamed")
+        if params["owner"]:
+            entry = pwd.getpwnam(params["owner"])
+            os.chown(partial, entry.pw_uid, entry.pw_gid)
+        os.rename(partial, merged)
+    except BaseException:
+        if os.path.exists(partial):
+            os.unlink(partial)
+        raise
+    return dict(report, changed=True, seconds=round(time.monotonic() - started, 3))
+
+
+class _bounded:
+    """A file read only up to ``length`` bytes from where it stands (a part's data section)."""
+
+    def __init__(self, handle, length: int):
+        self.handle, self.left = handle, length
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        data = self.handle.read(size)
+        self.left -= len(data)
+        return data
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
@@ -387,13 +477,19 @@ def main() -> None:
                 raise Error("dest: a local source is verified where it is; give dest only with a hub source")
             if not os.path.exists(params["source"]):
                 module.fail_json(msg=f"{params['source']} does not exist", **result)
-            listing = disk.listing(params["source"]) if os.path.isdir(params["source"]) else staging.Listing(
-                {os.path.basename(params["source"]): os.path.getsize(params["source"])})
+            if os.path.isdir(params["source"]) or params["merge_gguf"]:  # a part of a split GGUF: all of its directory
+                listing = disk.listing(params["source"] if os.path.isdir(params["source"]) else os.path.dirname(params["source"]))
+            else:
+                listing = staging.Listing({os.path.basename(params["source"]): os.path.getsize(params["source"])})
             result["problems"] = staging.checkpoint_problems(listing)
             if result["problems"]:
                 module.fail_json(msg=f"{params['source']} is not a complete checkpoint: {'; '.join(result['problems'][:10])}", **result)
             result["present"] = True
+            if params["merge_gguf"]:
+                result.update(merge_split_gguf(module, disk))
             module.exit_json(**result)
+        if params["merge_gguf"]:
+            raise Error("merge_gguf: give the split GGUF's local path as source (a hub repository is staged as it is)")
         if not params["dest"] or not os.path.isabs(params["dest"]):
             raise Error("dest: an absolute path is required for a hub source (the directory the engine's unit will read)")
         if huggingface_hub is None:

@@ -139,3 +139,21 @@ def test_a_directory_the_engines_user_cannot_pass_through_is_named():
     assert staging.blocked_parent(open_dirs + [("/srv/models", 0o40700, 998, 0)], uid=998, gids={998}) is None, "its own directory"
     assert staging.blocked_parent(open_dirs + [("/srv/models", 0o40754, 0, 0)], uid=998, gids={998}) is not None, "read is not search"
     assert staging.blocked_parent([root_only], uid=0, gids={0}) is None
+
+
+def test_a_split_gguf_merge_refuses_parts_doubled_missing_or_not_split():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gguf import Part, plan_merge
+
+    def part(name, number, count=3, **values):
+        numbers = {"split.no": (2, number.to_bytes(2, "little")), "split.count": (2, count.to_bytes(2, "little"))}
+        return Part(name, 3, {**numbers, **values}, tensors=[], data_start=64, size=64)
+
+    with pytest.raises(InvalidInput, match="b-2.gguf and a-2.gguf are both part 2"):
+        plan_merge([part("a-1.gguf", 0), part("a-2.gguf", 1), part("b-2.gguf", 1)])
+    with pytest.raises(InvalidInput, match="missing: 3"):
+        plan_merge([part("a-1.gguf", 0), part("a-2.gguf", 1)])
+    with pytest.raises(InvalidInput, match="not a part of a split GGUF"):
+        plan_merge([Part("whole.gguf", 3, {}, data_start=64, size=64)])
+    merged = plan_merge([part("a-2.gguf", 1, count=2), part("a-1.gguf", 0, count=2, **{"general.name": (8, b"\x01" + bytes(7) + b"x")})])
+    assert merged.copies == [("a-1.gguf", 64, 0), ("a-2.gguf", 64, 0)], "parts in their order, whatever the order given"
+    assert b"general.name" in merged.header and b"split.no" not in merged.header and len(merged.header) % 32 == 0
