@@ -159,11 +159,12 @@ def _common(read: _Reader) -> dict:
     }
 
 
-def staged_model_dir(read: _Reader) -> str:
-    """Where the hub model was staged on the node (model_dir), or empty: the unit then reads it there, offline."""
-    model_dir = read.text("model_dir")
+def staged_model_dir(read: _Reader, key: str = "model_dir") -> str:
+    """Where the hub model (model_dir) or draft model (draft_model_dir) was staged on the node, or empty: the unit then
+    reads it there, offline."""
+    model_dir = read.text(key)
     if model_dir and not posixpath.isabs(model_dir):
-        read.fail("model_dir", f"give the absolute directory the hub model was staged into, got {model_dir!r}")
+        read.fail(key, f"give the absolute directory the hub model was staged into, got {model_dir!r}")
     return model_dir
 
 
@@ -192,11 +193,13 @@ def speculative(read: _Reader) -> dict | None:
         return SPECULATIVE_DEFAULTS.get(key) if found is None else found
 
     steps = number("num_speculative_tokens")
+    # a hub draft model staged on the node is read from there, as the model is
+    draft_path = staged_model_dir(read, "draft_model_dir") or str(spec["draft_model"])
     if read.engine == "vllm":
         for key in ("eagle_topk", "num_draft_tokens"):
             if spec.get(key) not in (None, ""):
                 raise EngineArgsError(f"{name}.{key}: vLLM's EAGLE-3 drafts a chain, not a tree; this key is for SGLang only")
-        return {"draft_model": str(spec["draft_model"]), "num_speculative_tokens": steps}
+        return {"draft_model": str(spec["draft_model"]), "draft_model_path": draft_path, "num_speculative_tokens": steps}
     topk = number("eagle_topk")
     draft_tokens = number("num_draft_tokens")
     if draft_tokens is None:
@@ -210,7 +213,7 @@ def speculative(read: _Reader) -> dict | None:
     if not 2 <= draft_tokens <= topk * steps + 1:
         raise EngineArgsError(f"{name}.num_draft_tokens: must be between 2 and eagle_topk x num_speculative_tokens + 1 = "
                               f"{topk * steps + 1}, got {draft_tokens}")
-    return {"draft_model": str(spec["draft_model"]), "num_speculative_tokens": steps, "eagle_topk": topk,
+    return {"draft_model": str(spec["draft_model"]), "draft_model_path": draft_path, "num_speculative_tokens": steps, "eagle_topk": topk,
             "num_draft_tokens": draft_tokens}
 
 
@@ -238,7 +241,7 @@ def vllm_argv(config: dict) -> list[str]:
         argv.append("--enable-expert-parallel")
     spec = speculative(read)
     if spec:
-        argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": spec["draft_model"],
+        argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": spec["draft_model_path"],
                                                      "num_speculative_tokens": spec["num_speculative_tokens"]}, separators=(",", ":"))]
     return argv + common["extra"]
 
@@ -267,7 +270,7 @@ def sglang_argv(config: dict) -> list[str]:
         argv += ["--api-key", SGLANG_API_KEY_REFERENCE]
     spec = speculative(read)
     if spec:
-        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", spec["draft_model"],
+        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", spec["draft_model_path"],
                  "--speculative-num-steps", str(spec["num_speculative_tokens"]),
                  "--speculative-eagle-topk", str(spec["eagle_topk"]),
                  "--speculative-num-draft-tokens", str(spec["num_draft_tokens"])]
@@ -398,10 +401,13 @@ def engine_facts(config: dict, engine: str) -> dict:
         # and a staged model's engine never reaches for the hub: nothing is downloaded inside the downtime
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
                                       [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")]
-                                      + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) else []) + sorted(environment.items())),
+                                      + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) or (spec and staged_model_dir(read, "draft_model_dir")) else [])
+                                      + sorted(environment.items())),
         "speculative": spec,
         # what the preflight checks before the node is disrupted
         "draft_model": spec["draft_model"] if spec else None,
+        "draft_model_dir": (staged_model_dir(read, "draft_model_dir") or None) if spec else None,
+        "draft_model_path": spec["draft_model_path"] if spec else None,
         "gpus_needed": (read.number("tensor_parallel_size", minimum=1) or 1) * (read.number("data_parallel_size", minimum=1) or 1),
         "visible_devices": str(environment["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in environment else None,
         "install": install,

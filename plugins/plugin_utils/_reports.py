@@ -281,6 +281,7 @@ def switch_host_report(record: dict) -> dict:
         "gpu_holders": _gpu_holders(record.get("gpu_holders")),
         "prewarm": _prewarm(record.get("prewarm")),
         "stage": record.get("stage") or None,
+        "stage_draft": record.get("stage_draft") or None,
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
@@ -325,7 +326,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
 
 
@@ -529,9 +530,9 @@ def switch_table(document: dict) -> str:
                 details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")
             for process in plan.get("processes_to_signal") or []:
                 details.append(f"{host}: would signal {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
-        stage = report.get("stage")
-        if stage:
-            details.append(f"{host}: {stage_line(stage, bool(plan))}")
+        for stage in (report.get("stage"), report.get("stage_draft")):
+            if stage:
+                details.append(f"{host}: {stage_line(stage, bool(plan))}")
         prewarm = report.get("prewarm")
         if prewarm and prewarm.get("bytes"):
             details.append(f"{host}: prewarm read {_gib(prewarm['bytes'])} of weights in {_seconds(prewarm.get('seconds'))} s"

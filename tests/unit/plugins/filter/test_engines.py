@@ -238,6 +238,14 @@ def test_a_staged_hub_model_is_read_from_its_directory_offline_under_its_hub_nam
     assert not [line for line in unstaged["environment_lines"] if "HF_HUB_OFFLINE" in line]
     with pytest.raises(engines.EngineArgsError, match=f"{engine}_model_dir: give the absolute directory"):
         engines.engine_facts(config(engine, model_dir="models/x"), engine)
+    # the EAGLE-3 draft given as a hub name, staged beside it: the unit reads both directories
+    drafted = engines.engine_facts(config(engine, speculative={"draft_model": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"},
+                                          draft_model_dir="/var/lib/gpufleet-models/yuhuili--EAGLE3-LLaMA3.3-Instruct-70B"), engine)
+    assert drafted["draft_model"] == "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"
+    assert drafted["draft_model_path"] == drafted["draft_model_dir"] == "/var/lib/gpufleet-models/yuhuili--EAGLE3-LLaMA3.3-Instruct-70B"
+    parsed = vars(parse_rendered(engine, drafted))
+    draft_in_argv = (json.loads(parsed["speculative_config"])["model"] if engine == "vllm" else parsed["speculative_draft_model_path"])
+    assert draft_in_argv == drafted["draft_model_dir"] and '"HF_HUB_OFFLINE=1"' in drafted["environment_lines"]
 
 
 def test_facts_carry_what_the_preflight_checks():
