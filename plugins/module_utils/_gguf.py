@@ -61,7 +61,7 @@ class _Reader:
             item_kind = self.unsigned(4)
             count = self.unsigned(8)
             fixed = FIXED.get(item_kind)
-            items = self.take(fixed * count) if fixed else b"".join(self.value(item_kind) for _ in range(count))
+            items = self.take(fixed * count) if fixed else b"".join(self.value(item_kind) for _item in range(count))
             return item_kind.to_bytes(4, "little") + count.to_bytes(8, "little") + items
         raise InvalidInput(f"{self.name}: unknown GGUF value type {kind}")
 
@@ -99,12 +99,12 @@ def read_part(handle, name: str, size: int) -> Part:
         raise InvalidInput(f"{name}: GGUF version {version} (2 and 3 are read)")
     tensor_count, value_count = reader.unsigned(8), reader.unsigned(8)
     values = {}
-    for _ in range(value_count):
+    for _value in range(value_count):
         key = reader.string().decode(errors="replace")
         kind = reader.unsigned(4)
         values[key] = (kind, reader.value(kind))
     part = Part(name, version, values, size=size)
-    for _ in range(tensor_count):
+    for _tensor in range(tensor_count):
         info = bytearray()
         raw_name = reader.string()
         info += len(raw_name).to_bytes(8, "little") + raw_name
@@ -172,4 +172,4 @@ def plan_merge(parts: list[Part]) -> MergePlan:
         header += info
     header += bytes(_aligned(len(header), alignment) - len(header))
     pads[-1] = 0  # nothing after the last tensor's data
-    return MergePlan(bytes(header), copies, pads, len(header) + sum(length for _, _, length in copies) + sum(pads))
+    return MergePlan(bytes(header), copies, pads, len(header) + sum(copy[2] for copy in copies) + sum(pads))

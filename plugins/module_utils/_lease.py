@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, LockTimeout, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import LOCK_DIRECTORY
-from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone  # noqa: F401 (host_lease asks it)
 
 RETRY_SECONDS = 0.5
 

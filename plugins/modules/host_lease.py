@@ -91,6 +91,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -112,7 +113,7 @@ def main() -> None:
             result = dict(changed=store.release(request.owner, dry_run=module.check_mode), holder=None, recovered=None, waited=0.0)
         else:
             # a wait whose controller was interrupted must not take the lease later for a run that no longer exists
-            result = lease.take(request, store, module.check_mode, still_wanted=lambda: not lease.requester_gone(parent=parent))
+            result = lease.take(request, store, module.check_mode, still_wanted=lambda: not requester_gone(parent=parent))
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(**result)

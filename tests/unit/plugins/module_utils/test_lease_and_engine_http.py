@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore, requester_gone
+from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
 
 
 class Clock:
