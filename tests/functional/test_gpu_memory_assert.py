@@ -103,6 +103,31 @@ def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes
     assert result["elapsed"] >= 0.5
 
 
+@pytest.mark.covers("M4")
+def test_memory_kept_by_an_ipc_mapping_after_its_exporter_exited_names_the_importer(devices, sim, processes, nvml_env):
+    """M4 (IPC mapping): a process exports 6000 MiB on GPU 0 (minor 2); another maps it (CUDA IPC: the driver keeps the
+    allocation while any process maps it) and holds the device only by that mapping; the exporter exits. The memory
+    stays: the assertion fails at its deadline naming the importer (held by mmap) as the holder, NVML's listed pid as
+    stale, holder_present; once the importer goes, the same assertion passes."""
+    exporter, (exporter_pid,) = processes.holder("--open", devices.gpu(2))
+    importer, (importer_pid,) = processes.holder("--mmap", devices.gpu(2))
+    sim.allocate(0, 6000, holders=[exporter_pid, importer_pid], reported_pid=exporter_pid)
+    exporter.kill()
+    exporter.wait()
+
+    held = run_module(MODULE, assert_args(devices, timeout=0.5), env=nvml_env)
+    assert held.failed and held["dirty"] == [0] and held["elapsed"] >= 0.5
+    detail = held["details"]["0"]
+    assert detail["classification"] == "holder_present"
+    assert [(h["pid"], h["via"]) for h in detail["proc_holders"]] == [(importer_pid, ["mmap"])]
+    assert [(p["pid"], bool(p["stale"])) for p in detail["nvml_processes"]] == [(exporter_pid, True)]
+    assert "6000 MiB used > max_used_mib 512" in held["msg"]
+
+    importer.kill()
+    importer.wait()
+    assert run_module(MODULE, assert_args(devices, timeout=2), env=nvml_env)["passed"] is True
+
+
 @pytest.mark.covers('M4')
 def test_leaked_memory_without_holder_is_classified_no_holder_found(devices, sim, nvml_env):
     """M4 (leak): memory used, no process: a reset may be needed."""

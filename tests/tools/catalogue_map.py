@@ -41,8 +41,6 @@ NOT_COVERED = {
 PARTIAL = {
     "G20": "no holder whose /proc/<pid>/cmdline read really blocks (a frozen task holds no mmap lock); the D-state skip of "
            "maps and cmdline is asserted on a frozen holder only",
-    "M4": "held by a live holder, a D-state (frozen) holder and leaked are tested; no holder through a CUDA IPC mapping "
-          "(the simulated NVML has no IPC handles)",
 }
 
 
