@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build"
 COLLECTIONS = BUILD / "collections"
 HELPER = REPO / "tests" / "helpers" / "gpu_holder.py"
+STUCK_FUSE = REPO / "tests" / "helpers" / "stuck_fuse.py"
+HUNG_MOUNT_SECONDS = 60  # the hung_mount fixture's mount stops hanging after this, so that a hang fails, not blocks
 
 sys.path.insert(0, str(REPO / "tests" / "sim"))
 sys.path.insert(0, str(REPO / "tests" / "tools"))
@@ -203,6 +206,33 @@ class Freezer:
             with contextlib.suppress(OSError):
                 (FREEZER / "cgroup.procs").write_text(pid)
         remove_cgroup(str(self.group))
+
+
+@pytest.fixture
+def hung_mount(tmp_path):
+    """A FUSE mount that stops answering (tests/helpers/stuck_fuse.py): `pages` never reads, `frozen` never stats.
+    Its end aborts the connection, which wakes every task waiting on it; request it after `processes`, so that it
+    ends first and the helpers waiting on it can die."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("needs /dev/fuse to make a mount that hangs")
+    mountpoint = tmp_path / "hung"
+    mountpoint.mkdir()
+    server = subprocess.Popen([sys.executable, str(STUCK_FUSE), str(mountpoint)], stdout=subprocess.PIPE, text=True)
+    # a regression that waits on the mount in a process we wait for would hang the suite: the mount ends by itself
+    watchdog = threading.Timer(HUNG_MOUNT_SECONDS, server.terminate)
+    watchdog.start()
+    try:
+        assert server.stdout.readline().strip() == "ready", "the FUSE helper did not mount"
+        yield mountpoint
+    finally:
+        watchdog.cancel()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False, capture_output=True)
 
 
 @pytest.fixture

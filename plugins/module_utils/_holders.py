@@ -20,6 +20,7 @@ import stat as stat_mode
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _bounded as bounded
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import (
     EXITED_STATES,
     ProcessGone,
@@ -136,6 +137,15 @@ class ScanResult:
     holdings: dict[int, Holding] = field(default_factory=dict)
     unreadable: Counter = field(default_factory=Counter)  # /proc entries that could not be read, by reason
     minor_by_path: dict[str, int | None] = field(default_factory=dict)
+    blocked: dict[int, str] = field(default_factory=dict)  # pid -> the read (files, maps) that blocked past its time box
+
+
+FILES_STAGE, MAPS_STAGE = 1, 2
+SCAN_STAGES = {0: "files", FILES_STAGE: "files", MAPS_STAGE: "maps"}
+
+
+def _holding_value(holding: Holding) -> dict:
+    return {"via": sorted(holding.via), "devices": sorted(holding.devices)}
 
 
 class HolderScanner:
@@ -149,32 +159,62 @@ class HolderScanner:
         self.map_tokens = {f" {node.map_key[1]} ".encode() for node in nodes}
 
     def scan(self, pids: list[int] | None = None) -> ScanResult:
+        """Every process's files and mappings, read in a child process: a process whose /proc entries block the read
+        (a wedged thread holding its memory map's lock, a file on a hung mount) is given up after a time box, counted
+        in `unreadable` as files_blocked or maps_blocked and recorded in `blocked`, with what was found before."""
         result = ScanResult(minor_by_path=self.minor_by_path)
-        for pid in pid_directories(self.reader.root) if pids is None else pids:
-            holding = self.scan_process(pid, result.unreadable)
-            if holding is not None:
-                result.holdings[pid] = holding
+        pids = pid_directories(self.reader.root) if pids is None else list(pids)
+        found: dict[int, dict] = {}
+        outcome = bounded.run_pass(pids, self._scan_item)
+        for index, value in outcome.values:
+            found[pids[index]] = value  # the last word on a process wins: its final outcome, or what it found before blocking
+        for index, stage in outcome.blocked.items():
+            pid = pids[index]
+            result.blocked[pid] = SCAN_STAGES[stage]
+            result.unreadable[f"{SCAN_STAGES[stage]}_blocked"] += 1
+            self.reader.blocked.setdefault(pid, set()).add(SCAN_STAGES[stage])
+        for pid, value in found.items():
+            if value.get("unreadable"):
+                result.unreadable[value["unreadable"]] += 1
+            if value["via"]:
+                result.holdings[pid] = Holding(pid, set(value["via"]), set(value["devices"]))
         return result
 
-    def scan_process(self, pid: int, unreadable: Counter) -> Holding | None:
+    def _scan_item(self, pid: int, send, stage) -> None:
+        """One process, in the scanning child: what it holds by fd is sent before its maps are read (which can block)."""
         holding = Holding(pid)
+        reason = None
+        sent = False
+
+        def found(partial: Holding) -> None:
+            nonlocal sent
+            send(_holding_value(partial))
+            sent = True
+
         try:
             state = self.reader.stat(pid).state
             base = self._live_view(pid, state)
-            self._scan_fds(base, holding)
+            stage(FILES_STAGE)
+            self._scan_fds(base, holding, found)
+            stage(MAPS_STAGE)
             if state == "D":
-                unreadable["maps_skipped_uninterruptible"] += 1  # reading maps can block on a wedged task
+                reason = "maps_skipped_uninterruptible"  # reading maps can block on a wedged task
             else:
                 self._scan_maps(base, holding)
         except (ProcessGone, FileNotFoundError, ProcessLookupError):
-            unreadable["vanished"] += 1
-            return None
+            reason, holding = "vanished", Holding(pid)
         except PermissionError:
-            unreadable["permission_denied"] += 1
+            reason = "permission_denied"
         except (ValueError, IndexError):
-            unreadable["unparsable"] += 1
-            return None
-        return holding if holding.via else None
+            reason, holding = "unparsable", Holding(pid)
+        if holding.via or reason or sent:  # the rest hold nothing: nothing to send
+            send(dict(_holding_value(holding), unreadable=reason))
+
+    def scan_process(self, pid: int, unreadable: Counter) -> Holding | None:
+        """One process's holding (None when it holds nothing), its unreadable reasons added to `unreadable`."""
+        single = self.scan([pid])
+        unreadable.update(single.unreadable)
+        return single.holdings.get(pid)
 
     def _live_view(self, pid: int, state: str) -> str:
         """/proc directory showing the process's files and mappings.
@@ -188,7 +228,8 @@ class HolderScanner:
                     return self.reader.path(pid, "task", tid)
         return self.reader.path(pid)
 
-    def _scan_fds(self, base: str, holding: Holding) -> None:
+    def _scan_fds(self, base: str, holding: Holding, found=None) -> None:
+        """`found(holding)` after each device found: stat() of a later descriptor may block (a file on a hung mount)."""
         # stat each descriptor relative to the open fd directory: a one-component lookup instead of a /proc path walk
         directory = os.open(os.path.join(base, "fd"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -198,9 +239,11 @@ class HolderScanner:
                 except OSError:
                     continue  # closed meanwhile, or a dangling anon inode
                 node = self.by_fd_key.get(fd_key_of(info))
-                if node is not None:
+                if node is not None and node.path not in holding.devices:
                     holding.via.add("fd")
                     holding.devices.add(node.path)
+                    if found is not None:
+                        found(holding)
         finally:
             os.close(directory)
 

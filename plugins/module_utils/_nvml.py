@@ -122,8 +122,10 @@ class NvmlClient:
                 os.close(request_write)
                 os.close(response_read)
                 devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)  # the module's stdout carries its JSON result
+                # stdout carries the module's JSON result; a worker left hung in the driver must hold neither it nor
+                # stderr open, or whoever reads them (Ansible over SSH) waits for it
+                for descriptor in (0, 1, 2):
+                    os.dup2(devnull, descriptor)
                 _worker_main(self.nvml_loader, request_read, response_write)
             except BaseException:  # noqa: BLE001
                 code = 1

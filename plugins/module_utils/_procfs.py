@@ -18,6 +18,8 @@ import pwd
 import signal
 from dataclasses import dataclass
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _bounded as bounded
+
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
 KTHREADD_PID = 2
 UNIT_SUFFIXES = (".service", ".scope")
@@ -109,6 +111,8 @@ class ProcReader:
 
     def __init__(self, root: str = "/proc"):
         self.root = root
+        # pid -> the reads of its entries that blocked past their time box (a wedged process): not tried again
+        self.blocked: dict[int, set[str]] = {}
 
     def path(self, pid: int, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)
@@ -130,12 +134,16 @@ class ProcReader:
         return parse_status(self._read(pid, "status"))
 
     def cmdline(self, pid: int, state: str) -> list[str] | None:
-        """argv, or None when skipped: reading it can block on a task in D state."""
-        if state == "D":
+        """argv, or None when skipped or given up: reading it takes the process's memory map lock, which a task in D
+        state, or any thread of a wedged process, may hold (or wait for) forever."""
+        if state == "D" or pid in self.blocked:
             return None
         try:
-            raw = self._read(pid, "cmdline", binary=True)
+            finished, raw = bounded.call_boxed(lambda: self._read(pid, "cmdline", binary=True))
         except PermissionError:
+            return None
+        if not finished:
+            self.blocked.setdefault(pid, set()).add("cmdline")
             return None
         return [arg.decode("utf-8", errors="replace") for arg in raw.split(b"\0")[:-1]] if raw else []
 
@@ -252,7 +260,7 @@ def describe(reader: ProcReader, pid: int) -> dict:
     except PermissionError:
         status = {}
     uid = status.get("Uid", "").split()
-    return {
+    info = {
         "pid": pid,
         "start_time": stat.start_time,
         "comm": stat.comm,
@@ -266,6 +274,9 @@ def describe(reader: ProcReader, pid: int) -> dict:
         "cgroup": reader.cgroup(pid),
         "namespace_pid": namespace_pid(status),
     }
+    if pid in reader.blocked:
+        info["blocked_reads"] = sorted(reader.blocked[pid])  # given up: a wedged process (cmdline then reads None)
+    return info
 
 
 @functools.lru_cache(maxsize=256)

@@ -152,6 +152,11 @@ notes:
   - Run it as root (C(become) true) to see every process's file descriptors.
   - Entries of C(/proc) that cannot be read (permission denied, processes that exit mid-scan) are skipped and counted in
     RV(unreadable), never fatal. C(/proc/<pid>/maps) of a process in D state is not read, since that can block.
+  - Reads that a wedged process can block forever - its descriptors' targets (a file on a hung NFS or FUSE mount), its
+    maps and command line (its memory map lock held by a thread stuck in the kernel, whatever the leader's state) - are
+    given up after half a second each - the scan runs in a child process left behind where it blocks - and named in
+    RV(unreadable) (V(files_blocked), V(maps_blocked)) and the holder's RV(holders[].blocked_reads); what was found
+    before the block is kept.
   - On kernels without pidfds (before 5.3) the start time is re-checked immediately before each C(kill()); a PID reused
     within that instant could still be hit.
   - NVML reports host PIDs. When the module runs inside a PID namespace, NVML PIDs count only where C(/proc) confirms them.
@@ -215,9 +220,15 @@ holders:
       description: Executable path, or null when unreadable.
       type: str
     cmdline:
-      description: Arguments, or null when not read (D state).
+      description: Arguments, or null when not read (D state) or given up (see RV(holders[].blocked_reads)).
       type: list
       elements: str
+    blocked_reads:
+      description: The reads of its C(/proc) entries given up after their time box (V(files), V(maps), V(cmdline)) - a
+        wedged process. Present only then.
+      type: list
+      elements: str
+      sample: [cmdline]
     uid:
       description: Real user id.
       type: int
@@ -352,7 +363,7 @@ unreadable:
   description: Counts of /proc entries that could not be read, by reason.
   returned: always
   type: dict
-  sample: {permission_denied: 1}
+  sample: {permission_denied: 1, maps_blocked: 1}
 elapsed:
   description: Seconds the module took.
   returned: always

@@ -647,6 +647,64 @@ def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(de
     assert not after.failed and after["changed"] is False and after["holders"] == []
 
 
+def still_reading(argv: list[str], within: float = 1.0) -> bool:
+    """Whether a reader (argv) is still waiting after `within` seconds. It is killed either way, and not waited for:
+    a wait on a FUSE server that took the request outlasts even SIGKILL (the hung_mount fixture's end wakes it)."""
+    reader = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        reader.wait(timeout=within)
+        return False
+    except subprocess.TimeoutExpired:
+        return True
+    finally:
+        reader.kill()
+
+
+@pytest.mark.covers('G20')
+@pytest.mark.timeout(120)
+def test_holder_with_a_wedged_memory_map_is_reported_without_its_cmdline_and_the_run_ends(devices, processes, hung_mount, nvml_env):
+    """G20: a holder one of whose threads faults a page in from a mount that never answers - its memory map lock held
+    for read - while another waits for the lock for write, as a thread wedged in a driver ioctl leaves a process:
+    reading its /proc/<pid>/cmdline blocks (shown first, with cat), though its leader sleeps in S, not D. The plan
+    and the run still end: the holder is reported by pid, exe and state, its cmdline given up after its time box
+    (cmdline None, blocked_reads), and, since its faulting thread cannot die until the mount answers, named as a
+    survivor at kill_timeout. With the time box removed the first run_module hangs past its timeout."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(1), "--wedged-mm", str(hung_mount / "pages"))
+    wait_for(lambda: still_reading(["cat", f"/proc/{pid}/cmdline"]), "reading the wedged holder's cmdline to block", timeout=20)
+    assert ProcReader().stat(pid).state == "S"  # what the D-state skip alone would not catch
+
+    plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env, timeout=30)
+    (holder,) = plan["holders"]
+    assert holder["pid"] == pid and holder["state"] == "S" and holder["exe"].startswith(sys.base_prefix)
+    assert holder["cmdline"] is None and holder["blocked_reads"] == ["cmdline"] and holder["via"] == ["fd"]
+    assert plan["changed"] is True and not plan.failed, plan["msg"]
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5, kill_timeout=1), env=nvml_env, timeout=30)
+    assert result.failed and pids_of(result["survivors"]) == {pid}
+    (survivor,) = result["survivors"]
+    assert survivor["cmdline"] is None and survivor["exe"] and survivor["state"] == "Z" and survivor["threads"] == 2
+
+
+@pytest.mark.covers('G20')
+@pytest.mark.timeout(120)
+def test_holder_of_a_file_on_a_hung_mount_is_found_and_killed_without_hanging_the_scan(devices, processes, hung_mount, nvml_env):
+    """G20, the scan's side (fuser's hang on a dead NFS or FUSE mount): a holder also keeps open a file whose stat()
+    never returns, and after it another process keeps the next GPU. The scan gives the first up at that descriptor
+    after its time box (files_blocked) - keeping the GPU it found there before - and goes on: both are killed. With
+    the scan run in the module's own process instead, it hangs on the first."""
+    _first_helper, (first,) = processes.holder("--open", devices.gpu(1), "--open-hung", str(hung_mount / "frozen"))
+    frozen_fd = max(int(name) for name in os.listdir(f"/proc/{first}/fd"))
+    assert still_reading(["stat", "-L", f"/proc/{first}/fd/{frozen_fd}"])  # the hang the scan meets
+    _second_helper, (second,) = processes.holder("--open", devices.gpu(2))
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=2, kill_timeout=2), env=nvml_env, timeout=30)
+    assert not result.failed, result["msg"]
+    assert pids_of(result["terminated"]) | pids_of(result["killed"]) == {first, second}
+    assert result["unreadable"].get("files_blocked", 0) >= 1
+    (blocked,) = [holder for holder in result["holders"] if holder["pid"] == first]
+    assert blocked["devices"] == [devices.gpu(1)] and blocked["blocked_reads"] == ["files"]
+
+
 @pytest.mark.covers('S20')
 def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path):
     """S20 (F5): a vfork parent waits in killable D state with every signal but SIGKILL blocked; its child holds the

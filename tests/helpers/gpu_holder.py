@@ -4,7 +4,8 @@ It opens and/or maps the files it is given, optionally records simulated NVML me
 "ready <pid>" and waits. Faults are switched on by flags: ignore SIGTERM, drain for a while on SIGTERM, fork a
 child that inherits the files (NVML keeps listing the parent), exit the leader thread while a worker thread
 keeps the files (a zombie leader with a live thread), change its comm, wait in killable D state (a vfork parent
-whose child blocks before exec; glibc blocks every signal but SIGKILL meanwhile).
+whose child blocks before exec; glibc blocks every signal but SIGKILL meanwhile), hold a file on a hung mount
+(--open-hung: stat() of that descriptor never returns), or wedge its own memory map (--wedged-mm, below).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--zombie-leader", action="store_true", help="leader thread exits, a worker thread keeps the files")
     parser.add_argument("--vfork-blocked", metavar="FIFO",
                         help="after 'ready', posix_spawn a child that blocks opening FIFO: the parent waits in killable D state")
+    parser.add_argument("--open-hung", metavar="FILE", help="also keep FILE open without stat()ing it (a file on a hung mount)")
+    parser.add_argument("--wedged-mm", metavar="FILE",
+                        help="wedge the memory map lock on a page of FILE (on a mount that never answers reads); see wedge_memory_map")
     parser.add_argument("--user", help="once the files are held, run as this user (another user's job, an engine's worker)")
     parser.add_argument("extra", nargs="*", help="ignored words (decoys put engine names here)")
     return parser.parse_args(argv)
@@ -64,6 +68,35 @@ def map_then_close(path: str) -> int:
     return address
 
 
+def wedge_memory_map(path: str) -> threading.Event:
+    """As a thread stuck in a driver ioctl does: one thread faults a page of `path` in through /proc/self/mem, which
+    holds this process's memory map lock for read while the mount does not answer; once we are ready, a second thread
+    asks for the lock for write (mmap) and waits behind it. From then on no reader gets the lock: reading this
+    process's /proc/<pid>/cmdline (and, where the kernel reads maps under the lock, maps) blocks, while the leader
+    sleeps in an ordinary S state. The faulting thread ends only when the mount answers or is aborted."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    address = map_then_close(path)
+    locker = threading.Event()
+    # created now: creating a thread maps its stack, which would wait for the lock too
+    writer = threading.Thread(target=lambda: (locker.wait(), libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)),
+                              daemon=True)
+    writer.start()
+    memory = os.open("/proc/self/mem", os.O_RDONLY)
+    reader = threading.Thread(target=lambda: os.pread(memory, 1, address), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 10
+    while read_wchan(reader.native_id) != "request_wait_answer":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the faulting thread never waited on {path} (wchan {read_wchan(reader.native_id)!r})")
+        time.sleep(0.01)
+    return locker
+
+
+def read_wchan(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/wchan", encoding="ascii") as wchan:
+        return wchan.read()
+
+
 def on_term(drain: float):
     def handler(_signum, _frame):
         time.sleep(drain)
@@ -80,6 +113,9 @@ def main(argv: list[str]) -> None:
     elif args.drain:
         signal.signal(signal.SIGTERM, on_term(args.drain))
     kept = hold(args)
+    if args.open_hung:
+        kept.append(os.open(args.open_hung, os.O_RDONLY))  # os.open: Python's open() would stat() it, and wait forever
+    locker = wedge_memory_map(args.wedged_mm) if args.wedged_mm else None
     child = os.fork() if args.fork_child else None
     if child == 0:
         while True:
@@ -97,6 +133,8 @@ def main(argv: list[str]) -> None:
         os.setgid(account.pw_gid)
         os.setuid(account.pw_uid)
     print("ready", *holders, flush=True)
+    if locker is not None:
+        locker.set()  # after the last line we print: from here on this process may wait on its memory map itself
     if args.zombie_leader:
         worker = threading.Thread(target=lambda: (kept, time.sleep(1e6)))
         worker.start()
