@@ -84,6 +84,9 @@ def _child(items: list, start: int, work, progress: mmap.mmap, from_child: int, 
         devnull = os.open(os.devnull, os.O_RDWR)
         for descriptor in (0, 1, 2):
             os.dup2(devnull, descriptor)
+        # nor anything else of the module's: a pipe to its NVML worker kept open would keep that worker waiting too
+        os.closerange(3, to_parent)
+        os.closerange(to_parent + 1, os.sysconf("SC_OPEN_MAX"))
         for index in range(start, len(items)):
             PROGRESS.pack_into(progress, 0, index, 0)
 
