@@ -103,6 +103,21 @@ def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes
     assert result["elapsed"] >= 0.5
 
 
+@pytest.mark.covers('M4')
+@pytest.mark.timeout(120)
+def test_a_holder_whose_files_cannot_be_read_is_still_named(devices, sim, processes, hung_mount, nvml_env):
+    """M4 (holder present) with a wedged holder: it keeps 3000 MiB on GPU 2 (minor 3) and also a file on a mount whose
+    stat() never returns, after its GPU node. The failure still names it - found on the node before the scan gave its
+    files up after their time box (blocked_reads) - with holder_present, and the run ends: the scan's child, left
+    blocked on the mount, holds neither the module's output nor its NVML worker's pipe."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--open-hung", str(hung_mount / "frozen"),
+                                       "--sim-root", str(sim.root), "--alloc", "2:3000")
+    result = run_module(MODULE, assert_args(devices, timeout=0.5), env=nvml_env, timeout=30)
+    assert result.failed and result["dirty"] == [2] and "holder_present" in result["msg"]
+    (holder,) = result["details"]["2"]["proc_holders"]
+    assert holder["pid"] == pid and holder["blocked_reads"] == ["files"] and holder["via"] == ["fd"]
+
+
 @pytest.mark.covers("M4")
 def test_memory_kept_by_an_ipc_mapping_after_its_exporter_exited_names_the_importer(devices, sim, processes, nvml_env):
     """M4 (IPC mapping): a process exports 6000 MiB on GPU 0 (minor 2); another maps it (CUDA IPC: the driver keeps the
