@@ -85,8 +85,11 @@ def _child(items: list, start: int, work, progress: mmap.mmap, from_child: int, 
         for descriptor in (0, 1, 2):
             os.dup2(devnull, descriptor)
         # nor anything else of the module's: a pipe to its NVML worker kept open would keep that worker waiting too
-        os.closerange(3, to_parent)
-        os.closerange(to_parent + 1, os.sysconf("SC_OPEN_MAX"))
+        # (the open ones, listed: closing up to the descriptor limit can be a million calls where close_range is missing)
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in (0, 1, 2, to_parent):
+                with contextlib.suppress(OSError):
+                    os.close(int(name))
         for index in range(start, len(items)):
             PROGRESS.pack_into(progress, 0, index, 0)
 
