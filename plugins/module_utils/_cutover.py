@@ -5,8 +5,8 @@
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
 """The switch's node-local critical path as one step: drain, stop every engine unit hard, kill what still holds the
-GPUs, assert every GPU free, start the target and wait until it serves - or, when the target does not come up, tear it
-down and start the previous engine again.
+GPUs, assert every GPU free, start the target and wait until it serves (and, when asked, keeps serving through a soak) -
+or, when the target does not come up or crashes in its soak, tear it down and start the previous engine again.
 
 Everything with a side effect goes through one seam, NodeOps, which the module builds from the other module_utils
 (_systemd, _holders_kill, _memory, _readiness) and tests replace. Phase times are the node's monotonic clock, turned into
@@ -66,20 +66,21 @@ class CutoverRequest:
     stop_timeout: float = 90.0  # an engine still busy, or one that did not answer
     restore: list[dict] = field(default_factory=list)  # [{src, dest}]: the previous engine's files, put back for the rollback
     boot: bool = False  # the engine serving at the end is the only one of units enabled at boot
+    soak: float = 0.0  # seconds the target must go on serving after it was ready; a crash in them rolls back
 
     def __post_init__(self) -> None:
         if not self.units:
             raise InvalidInput("units: give every engine unit of the node (the target's among them)")
         if self.target.unit not in self.units:
             raise InvalidInput(f"units: {', '.join(self.units)} does not include the target's unit {self.target.unit}")
-        for name in ("drain_timeout", "stop_grace", "stop_timeout"):
+        for name in ("drain_timeout", "stop_grace", "stop_timeout", "soak"):
             non_negative(name, getattr(self, name))
 
     @property
     def longest_run(self) -> float:
         """An upper bound of the cutover's own waits (the switch's lease renewal covers it)."""
         previous_start = self.previous.ready_timeout if self.previous else 0.0
-        return self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + previous_start
+        return self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
 
 
 class NodeOps:
@@ -114,6 +115,12 @@ class NodeOps:
 
     def set_boot(self, enable: str | None, units: list[str]) -> dict:
         """Only ``enable`` of ``units`` starts at boot (None: none); returns {enabled, disabled, at_boot}."""
+        raise NotImplementedError
+
+    def soak(self, engine: Engine, seconds: float) -> dict:
+        """The engine keeps its invocation and main PID and keeps serving for ``seconds``: the soak's record; raises
+        (EngineExited, CheckFailed) when it did not. A soak whose controller is gone ends at once, its record
+        ``abandoned``: the engine serves, and the rerun finds it so."""
         raise NotImplementedError
 
 
@@ -170,7 +177,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     failure is its ``result``), so that the controller records every phase whatever happened."""
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
-                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "boot": None, "boot_error": None}
+                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "boot": None, "boot_error": None}
     try:
         stop_timeout = request.stop_timeout
         if request.previous:
@@ -193,8 +200,13 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
         set_boot(request, ops, request.target.unit, result)
         result["ready"] = ops.wait_ready(request.target, request.target.ready_timeout)
         result["engine_start_s"] = round(clock.monotonic() - started, 3)
+        if request.soak > 0:
+            phases.enter("soak")
+            result["soak"] = ops.soak(request.target, request.soak)
     except Error as exc:
         result.update(result="rolled_back", reason=f"{phases.current}: {exc.msg}")
+        if phases.current == "soak":
+            result["soak"] = exc.context.get("soak")
         phases.enter("rollback")
         try:
             result["rollback_teardown"] = rollback(request, ops)

@@ -195,6 +195,35 @@ options:
     description: Seconds between two readiness probes of the engine being started.
     type: float
     default: 0.25
+  soak:
+    description:
+      - Seconds the target must go on serving once it was ready, as M(gpufleet.serving.engine_ready)'s
+        O(gpufleet.serving.engine_ready#module:soak) watches it (same invocation, main PID and restart count; readiness
+        with a one-token completion keeps passing). A crash in them is a failed target: the cutover rolls back.
+      - For a caller with nothing to do between the target's first good answer and its soak (no balancer to put the
+        node back into); one with a balancer soaks after its join, with M(gpufleet.serving.engine_ready).
+      - A soak whose controller is gone (interrupted, or it lost the node) ends at its next probe, the target serving
+        (RV(soak.abandoned)); the lease is then not released.
+      - V(0) (the default) does not soak.
+    type: float
+    default: 0
+  soak_interval:
+    description: Seconds between two probes of the soak.
+    type: float
+    default: 1
+  clear_paths:
+    description:
+      - Files removed once the cutover ends with an engine serving (the target, or the previous engine after a rollback)
+        - the switch's mark that the target's files were staged over the running engine's.
+    type: list
+    elements: path
+    default: []
+  release_lease:
+    description:
+      - Give the lease of O(lease_owner) back at the end, when the cutover ended (switched, rolled back or not) and its
+        soak was not abandoned - for a caller with nothing left to do on the node (no module run of its own).
+    type: bool
+    default: false
   lease_name:
     description: The lease this cutover works under (M(gpufleet.serving.host_lease)'s O(gpufleet.serving.host_lease#module:name)).
     type: str
@@ -285,6 +314,15 @@ ready:
   description: The target's last readiness answer (checks, elapsed).
   returned: when the target served
   type: dict
+soak:
+  description: The soak's record - C(seconds) watched, C(probes) sent, C(passed), C(abandoned) (its controller was
+    gone); null when O(soak) is 0 or the target did not serve.
+  returned: always
+  type: dict
+lease_released:
+  description: Whether the cutover gave the lease back (O(release_lease)).
+  returned: always
+  type: bool
 longest_run:
   description: An upper bound of this task's waits, in seconds.
   returned: always
@@ -306,10 +344,10 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
-from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, abandoning_clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
 try:
@@ -345,6 +383,10 @@ ARGUMENT_SPEC = dict(
     expected_gpu_count=dict(type="int"),
     settle=dict(type="float", default=0.25),
     interval=dict(type="float", default=0.25),
+    soak=dict(type="float", default=0),
+    soak_interval=dict(type="float", default=1),
+    clear_paths=dict(type="list", elements="path", default=[]),
+    release_lease=dict(type="bool", default=False),
     lease_name=dict(type="str", default="switch_engine"),
     lease_owner=dict(type="str"),
     lease_seconds=dict(type="float", default=3600),
@@ -354,10 +396,11 @@ ARGUMENT_SPEC = dict(
 class Node(cutover.NodeOps):
     """The cutover's side effects on this node, through the collection's module_utils."""
 
-    def __init__(self, module: AnsibleModule, reader: ProcReader):
+    def __init__(self, module: AnsibleModule, reader: ProcReader, soak_clock: Clock):
         self.module = module
         self.params = module.params
         self.reader = reader
+        self.soak_clock = soak_clock  # ends the soak when the controller is gone
         self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
 
     def drain(self, engine: cutover.Engine, timeout: float) -> dict:
@@ -433,11 +476,40 @@ class Node(cutover.NodeOps):
         return report
 
 
+    def soak(self, engine: cutover.Engine, seconds: float) -> dict:
+        request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
+                                         timeout=0, interval=self.params["soak_interval"], completion=True, min_spec_acceptance=None,
+                                         probe_requests=1, soak=seconds)
+        started = time.monotonic()
+        try:
+            return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties, self.soak_clock)
+        except RequesterGone:
+            return {"seconds": round(time.monotonic() - started, 2), "passed": False, "abandoned": True}
+
+    def unit_properties(self, unit: str) -> dict:
+        try:
+            return self.systemctl.show(unit).properties
+        except CommandFailed:
+            return {}
+
+
+def finish(result: dict, params: dict, store: lease.LeaseStore) -> None:
+    """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the lease given back."""
+    abandoned = bool((result.get("soak") or {}).get("abandoned"))
+    if result["result"] in ("switched", "rolled_back") and not abandoned:
+        for path in params["clear_paths"]:
+            if os.path.lexists(path):
+                os.unlink(path)
+    result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and not abandoned
+                                    and store.release(params["lease_owner"]))
+
+
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     """Check mode: which units would be stopped and which started."""
     active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
-                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, boot=None, boot_error=None)
+                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, boot=None,
+                boot_error=None, lease_released=False)
 
 
 def main() -> None:
@@ -452,8 +524,8 @@ def main() -> None:
             previous=cutover.Engine.from_params("previous", params["previous"] and dict(
                 params["previous"], unit=systemd.normalize_unit_name(params["previous"]["unit"]))),
             drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
-            restore=params["restore"], boot=params["boot"])
-        node = Node(module, ProcReader())
+            restore=params["restore"], boot=params["boot"], soak=params["soak"])
+        node = Node(module, ProcReader(), abandoning_clock(parent=os.getppid()))
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))
         store = lease.LeaseStore(lease.LeaseRequest.from_params(dict(
@@ -462,13 +534,14 @@ def main() -> None:
         if params["lease_owner"]:
             renewed = store.acquire(params["lease_owner"], params["lease_seconds"], 0)
             if renewed.holder["owner"] != params["lease_owner"]:
-                module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run,
+                module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run, lease_released=False,
                                  reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
         # a controller interrupted or gone mid-cutover must not leave the node half switched: the cutover goes on to its
         # end (the target serving, or the previous engine again), and the work lock makes the next run wait for it
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         with host_lock(store.work_path, 5):
             result = cutover.cutover(request, node, Clock(), time.time())
+        finish(result, params, store)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(longest_run=request.longest_run, **result)

@@ -47,6 +47,8 @@ def cutover_record(result: dict) -> dict:
     if marks and marks[-1][0] == "end":
         ended = float(marks[-1][1])
         marks = marks[:-1]
+    # a target that soaked in the cutover served from the soak's start (its first good readiness answer)
+    soaked = next((float(start) for phase, start in marks if phase == "soak"), None)
     record = {"result": outcome}
     if outcome != "switched":
         record["reason"] = result.get("reason")
@@ -59,10 +61,11 @@ def cutover_record(result: dict) -> dict:
         "rollback_teardown": teardown_host_report(result["rollback_teardown"]) if result.get("rollback_teardown") else None,
         "engine_start_s": result.get("engine_start_s"),
         # when an engine served again, on the node's clock (the target, or the previous one after the rollback)
-        "serving_since": ended if outcome in ("switched", "rolled_back") else None,
+        "serving_since": (soaked or ended) if outcome == "switched" else ended if outcome == "rolled_back" else None,
         "cutover_result": outcome,
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
+        "lease_released": bool(result.get("lease_released")),
     }
 
 

@@ -42,6 +42,18 @@ def test_the_record_drops_the_nodes_end_mark_and_keeps_teardowns_as_gpu_teardown
     assert record["serving_since"] == 13.0 and record["cutover_result"] == "switched", "the node's end: an engine serves from then"
 
 
+def test_a_target_soaked_in_the_cutover_served_from_its_soaks_start_and_a_crash_in_it_from_the_rollbacks_end():
+    soaked = {"result": "switched", "marks": [["drain", 10.0], ["teardown", 10.2], ["bring_up", 10.6], ["soak", 13.0], ["end", 28.0]],
+              "engine_start_s": 2.4, "lease_released": True}
+    record = _switch.cutover_record(soaked)
+    assert record["marks"][-1] == ["soak", 13.0] and record["serving_since"] == 13.0, "ready at the soak's start, not at its end"
+    assert record["lease_released"] is True
+    crashed = dict(soaked, result="rolled_back", reason="soak: sglang.service crashed", lease_released=False,
+                   marks=soaked["marks"][:-1] + [["rollback", 21.0], ["end", 24.0]])
+    record = _switch.cutover_record(crashed)
+    assert record["serving_since"] == 24.0 and record["lease_released"] is False, "the previous engine served again at the end"
+
+
 def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
     result = {"result": "rollback_failed", "reason": "teardown: units: survived", "rollback_error": "after: GPU 3 busy", "marks": [],
               "teardown": {"check_mode": False, "units": {"results": []}, "failed_step": "units", "failure": {"msg": "survived", "failed": True}},

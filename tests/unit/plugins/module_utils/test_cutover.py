@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
 
 VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
 SGLANG = cutover.Engine("sglang", "sglang.service", "http://127.0.0.1:30000", "m", ready_timeout=30)
@@ -73,6 +73,11 @@ class Node(cutover.NodeOps):
     def set_boot(self, enable, units):
         self._step("set_boot", enable, tuple(units))
         return {"enabled": [enable] if enable else [], "disabled": [unit for unit in units if unit != enable], "at_boot": enable}
+
+    def soak(self, engine, seconds):
+        self._step("soak", engine.unit, seconds)
+        self.clock.now += seconds
+        return {"seconds": seconds, "probes": int(seconds), "passed": True}
 
 
 def run(node, clock, previous=VLLM, **options):
@@ -226,3 +231,65 @@ def test_boot_is_left_alone_unless_asked_and_its_failure_does_not_roll_back():
     assert result["result"] == "switched", "the target serves: a boot state that could not be set is reported, not rolled back"
     assert result["boot_error"] == "only sglang.service at boot: systemctl enable failed (rc 1): read-only file system"
     assert result["boot"] is None
+
+
+def test_a_soak_asked_for_watches_the_target_after_it_was_ready_and_counts_in_the_longest_run():
+    clock = Clock()
+    node = Node(clock)
+    result = run(node, clock, soak=15, boot=True)
+    names = [call[0] for call in node.calls]
+    assert names[-3:] == ["set_boot", "wait_ready", "soak"] and node.calls[-1] == ("soak", "sglang.service", 15)
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "soak", "end"]
+    starts = dict((phase, at) for phase, at in result["marks"])
+    assert starts["end"] - starts["soak"] == pytest.approx(15), "the soak is its own phase, after the engine's start"
+    assert result["engine_start_s"] == pytest.approx(2.01), "the soak is not the engine's start"
+    assert result["result"] == "switched" and result["soak"]["passed"]
+    assert cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, soak=15).longest_run == 120 + 2 * 90 + 30 + 15 + 60
+    with pytest.raises(InvalidInput, match="soak"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, soak=-1)
+    plain = Node(clock)
+    assert "soak" not in [mark[0] for mark in run(plain, clock)["marks"]] and not any(call[0] == "soak" for call in plain.calls)
+
+
+def test_a_target_that_crashes_in_its_soak_is_rolled_back_with_the_soaks_record():
+    clock = Clock()
+    crash = EngineExited("sglang.service crashed 8.0 s after it was ready (NRestarts 0 -> 1; journalctl -u sglang.service)",
+                         soak={"seconds": 8.0, "probes": 8, "passed": False})
+    node = Node(clock, failures={("soak", "sglang.service"): crash})
+    result = run(node, clock, soak=15, boot=True)
+    names = [call[0] for call in node.calls]
+    assert names[names.index("soak") + 1:] == ["memory", "stop_units", "kill_holders", "memory", "reset_failed", "reset_failed", "start", "wait_ready",
+                                              "set_boot"]
+    assert result["result"] == "rolled_back" and result["reason"].startswith("soak: sglang.service crashed 8.0 s after it was ready")
+    assert result["soak"] == {"seconds": 8.0, "probes": 8, "passed": False}
+    assert result["boot"]["at_boot"] == "vllm.service"
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "soak", "rollback", "end"]
+
+
+def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ended_with_an_engine_serving(tmp_path):
+    """engine_cutover's last step on a real lease file and real marks: given back and cleared when an engine serves,
+    both left when its soak was abandoned (the rerun breaks the lease by its owner's name) or another run holds it."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+    from ansible_collections.gpufleet.serving.plugins.modules import engine_cutover
+
+    store = lease.LeaseStore("switch_engine", str(tmp_path))
+    mark = tmp_path / "staged"
+    params = {"clear_paths": [str(mark)], "release_lease": True, "lease_owner": "run-1"}
+
+    def attempt(result):
+        mark.write_text("run-1\n")
+        store.acquire("run-1", 60, 0)
+        engine_cutover.finish(result, params, store)
+        return result["lease_released"], mark.exists(), store.acquire("run-2", 60, 0).holder["owner"]
+
+    assert attempt({"result": "switched", "soak": {"passed": True}}) == (True, False, "run-2")
+    store.release("run-2")
+    assert attempt({"result": "rolled_back", "soak": None}) == (True, False, "run-2")
+    store.release("run-2")
+    assert attempt({"result": "switched", "soak": {"passed": False, "abandoned": True}}) == (False, True, "run-1")
+    store.release("run-1")
+    assert attempt({"result": "rollback_failed", "soak": None}) == (True, True, "run-2"), "no engine serves: the mark stays"
+    store.release("run-2")
+    store.acquire("run-1", 60, 0)
+    engine_cutover.finish(result := {"result": "switched"}, dict(params, release_lease=False), store)
+    assert result["lease_released"] is False and store.acquire("run-2", 60, 0).holder["owner"] == "run-1"
