@@ -67,24 +67,31 @@ class CutoverRequest:
     restore: list[dict] = field(default_factory=list)  # [{src, dest}]: the previous engine's files, put back for the rollback
     boot: bool = False  # the engine serving at the end is the only one of units enabled at boot
     soak: float = 0.0  # seconds the target must go on serving after it was ready; a crash in them rolls back
+    prewarm_paths: list[str] = field(default_factory=list)  # the target's weights, read into the page cache before the drain
+    prewarm_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.units:
             raise InvalidInput("units: give every engine unit of the node (the target's among them)")
         if self.target.unit not in self.units:
             raise InvalidInput(f"units: {', '.join(self.units)} does not include the target's unit {self.target.unit}")
-        for name in ("drain_timeout", "stop_grace", "stop_timeout", "soak"):
+        for name in ("drain_timeout", "stop_grace", "stop_timeout", "soak", "prewarm_timeout"):
             non_negative(name, getattr(self, name))
 
     @property
     def longest_run(self) -> float:
         """An upper bound of the cutover's own waits (the switch's lease renewal covers it)."""
         previous_start = self.previous.ready_timeout if self.previous else 0.0
-        return self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
+        prewarm = self.prewarm_timeout if self.prewarm_paths else 0.0
+        return prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
 
 
 class NodeOps:
     """The seam: every side effect of the cutover. The module implements it; tests replace it."""
+
+    def prewarm(self, paths: list[str], timeout: float) -> dict:
+        """weights_prewarm's record; raises Error (the cutover records it: a slower start, never a reason to stop)."""
+        raise NotImplementedError
 
     def drain(self, engine: Engine, timeout: float) -> dict:
         raise NotImplementedError
@@ -177,7 +184,15 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     failure is its ``result``), so that the controller records every phase whatever happened."""
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
-                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "boot": None, "boot_error": None}
+                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
+                    "boot_error": None}
+    if request.prewarm_paths:
+        # still before the drain: the previous engine serves while the target's weights are read
+        phases.enter("prewarm")
+        try:
+            result["prewarm"] = ops.prewarm(request.prewarm_paths, request.prewarm_timeout)
+        except Error as exc:
+            result["prewarm"] = {"failed": True, "msg": exc.msg}
     try:
         stop_timeout = request.stop_timeout
         if request.previous:

@@ -211,6 +211,22 @@ options:
     description: Seconds between two probes of the soak.
     type: float
     default: 1
+  prewarm_paths:
+    description:
+      - The target's weight files (or the directories holding them), read into the page cache first, before the drain,
+        as M(gpufleet.serving.weights_prewarm) reads them - for a caller whose node serves until the drain (no balancer
+        to leave first). Never a reason not to switch: RV(prewarm) records what was read, or why not.
+    type: list
+    elements: path
+    default: []
+  prewarm_timeout:
+    description: Seconds the prewarm may read for; it stops there and the cutover goes on.
+    type: float
+    default: 300
+  prewarm_margin_mib:
+    description: MiB of available memory the prewarm leaves untouched (weights that do not fit are not read).
+    type: int
+    default: 8192
   clear_paths:
     description:
       - Files removed once the cutover ends with an engine serving (the target, or the previous engine after a rollback)
@@ -319,6 +335,11 @@ soak:
     gone); null when O(soak) is 0 or the target did not serve.
   returned: always
   type: dict
+prewarm:
+  description: The prewarm's record, as M(gpufleet.serving.weights_prewarm) returns it (C(bytes), C(total_bytes),
+    C(files), C(seconds), C(finished), C(skipped_reason)), or C(failed) and C(msg); null without O(prewarm_paths).
+  returned: always
+  type: dict
 lease_released:
   description: Whether the cutover gave the lease back (O(release_lease)).
   returned: always
@@ -342,6 +363,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_ht
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, RequesterGone
@@ -385,6 +407,9 @@ ARGUMENT_SPEC = dict(
     interval=dict(type="float", default=0.25),
     soak=dict(type="float", default=0),
     soak_interval=dict(type="float", default=1),
+    prewarm_paths=dict(type="list", elements="path", default=[]),
+    prewarm_timeout=dict(type="float", default=300),
+    prewarm_margin_mib=dict(type="int", default=8192),
     clear_paths=dict(type="list", elements="path", default=[]),
     release_lease=dict(type="bool", default=False),
     lease_name=dict(type="str", default="switch_engine"),
@@ -402,6 +427,12 @@ class Node(cutover.NodeOps):
         self.reader = reader
         self.soak_clock = soak_clock  # ends the soak when the controller is gone
         self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def prewarm(self, paths: list[str], timeout: float) -> dict:
+        try:
+            return prewarm.warm(paths, timeout, self.params["prewarm_margin_mib"])
+        except OSError as exc:
+            raise Error(f"reading the weight files: {exc}") from None
 
     def drain(self, engine: cutover.Engine, timeout: float) -> dict:
         request = readiness.DrainRequest(engine=engine.engine, url=engine.url, timeout=timeout, interval=0.25, fail_on_timeout=False)
@@ -508,8 +539,8 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     """Check mode: which units would be stopped and which started."""
     active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
-                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, boot=None,
-                boot_error=None, lease_released=False)
+                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
+                boot=None, boot_error=None, lease_released=False)
 
 
 def main() -> None:
@@ -524,7 +555,8 @@ def main() -> None:
             previous=cutover.Engine.from_params("previous", params["previous"] and dict(
                 params["previous"], unit=systemd.normalize_unit_name(params["previous"]["unit"]))),
             drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
-            restore=params["restore"], boot=params["boot"], soak=params["soak"])
+            restore=params["restore"], boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"],
+            prewarm_timeout=params["prewarm_timeout"])
         node = Node(module, ProcReader(), abandoning_clock(parent=os.getppid()))
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))

@@ -123,6 +123,31 @@ options:
     description: Seconds each version read and each readiness request may take.
     type: float
     default: 10
+  lease:
+    description:
+      - A host lease taken (or renewed) first, as M(gpufleet.serving.host_lease) takes it with no wait, so that a switch
+        takes its lease and reads the node in one module run. Nothing is read unless it is held
+        (RV(lease.taken)); in check mode it is only looked at, as M(gpufleet.serving.host_lease) does.
+      - When another run holds it, or the work of an interrupted run still runs on the node, RV(lease) says which and
+        the reads are left out - the caller waits with M(gpufleet.serving.host_lease), then reads again.
+    type: dict
+    suboptions:
+      name:
+        description: The lease's name.
+        type: str
+        default: switch_engine
+      owner:
+        description: The run taking it.
+        type: str
+        required: true
+      lease_seconds:
+        description: Seconds it is held for.
+        type: float
+        required: true
+      break_owner:
+        description: Take it over from this owner, as M(gpufleet.serving.host_lease)'s
+          O(gpufleet.serving.host_lease#module:break_owner) does.
+        type: str
 requirements:
   - systemd
 notes:
@@ -181,6 +206,13 @@ devices:
   returned: always
   type: dict
   sample: {/dev/nvidiactl: {exists: true, group: video, mode: "0660"}}
+lease:
+  description:
+    - O(lease) as taken - C(taken), C(holder) (C(owner), C(age), C(expires_in)), C(recovered) (the expired or broken
+      lease it replaced), C(waited); when not taken, C(msg) says why and C(working) names the pid of an interrupted
+      run's work that still runs. The other keys are then empty.
+  returned: when O(lease) is given
+  type: dict
 """
 
 import grp
@@ -192,10 +224,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
+from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
@@ -208,6 +241,8 @@ ARGUMENT_SPEC = dict(
     users=dict(type="list", elements="str", default=[]),
     devices=dict(type="list", elements="path", default=[]),
     timeout=dict(type="float", default=10),
+    lease=dict(type="dict", options=dict(name=dict(type="str", default="switch_engine"), owner=dict(type="str", required=True),
+                                         lease_seconds=dict(type="float", required=True), break_owner=dict(type="str"))),
 )
 
 
@@ -255,19 +290,41 @@ class Node(observe.NodeReader):
         return {"exists": True, "group": group, "mode": f"{stat.S_IMODE(status.st_mode):04o}"}
 
 
+def take_lease(params: dict, check_mode: bool) -> dict:
+    """The lease taken with no wait: {taken, holder, recovered, waited}, or {taken: false, msg, holder, working}."""
+    request = lease.LeaseRequest.from_params(dict(params, state="acquired", wait_timeout=0))
+    try:
+        return dict(lease.take(request, lease.LeaseStore(request.name), check_mode, still_wanted=lambda: True), taken=True)
+    except LockTimeout as exc:
+        return dict(exc.context, taken=False, msg=exc.msg)
+
+
+def lease_held(taken: dict | None) -> dict:
+    """A read that failed says that the lease was taken all the same, for its caller to give it back."""
+    return {"lease": {key: value for key, value in taken.items() if key != "changed"}} if taken else {}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     module.no_log_values.update(item["content"] for item in module.params["files"] if item["secret"])
+    taken = None
     try:
         if module.params["timeout"] <= 0:
             raise observe.InvalidInput(f"timeout: must be greater than 0, got {module.params['timeout']:g}")
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
+        taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
+        if taken is not None and not taken["taken"]:
+            taken.pop("changed", None)
+            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={})
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
     except OSError as exc:
-        module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}")
+        module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:
-        module.fail_json(msg=exc.msg, **exc.context)
+        module.fail_json(msg=exc.msg, **dict(exc.context, **lease_held(taken)))
+    if taken is not None:
+        taken.pop("changed", None)
+        result["lease"] = taken
     module.exit_json(changed=False, **result)
 
 

@@ -94,25 +94,13 @@ ARGUMENT_SPEC = dict(
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    if params["timeout"] < 0 or params["margin_mib"] < 0:
-        module.fail_json(msg="timeout and margin_mib must be at least 0")
     try:
-        files = [found for path in params["paths"] for found in prewarm.weight_files(path)]
-        with open("/proc/meminfo") as meminfo:
-            planned = prewarm.plan(files, prewarm.available_bytes(meminfo.read()), params["margin_mib"] * prewarm.MIB)
-    except (Error, OSError) as exc:
-        module.fail_json(msg=getattr(exc, "msg", None) or str(exc))
-    result = dict(changed=False, bytes=0, total_bytes=planned.total, files=len(planned.files), seconds=0.0, finished=False,
-                  skipped_reason=planned.skipped)
-    if planned.skipped or module.check_mode:
-        result["skipped_reason"] = planned.skipped or "check mode: nothing read"
-        module.exit_json(**result)
-    try:
-        done, seconds, finished = prewarm.read_into_cache(planned.files, params["timeout"])
+        result = prewarm.warm(params["paths"], params["timeout"], params["margin_mib"], dry_run=module.check_mode)
+    except Error as exc:
+        module.fail_json(msg=exc.msg)
     except OSError as exc:
-        module.fail_json(msg=f"reading the weight files: {exc}", **result)
-    result.update(bytes=done, seconds=round(seconds, 3), finished=finished)
-    module.exit_json(**result)
+        module.fail_json(msg=f"reading the weight files: {exc}")
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

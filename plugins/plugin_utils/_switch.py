@@ -66,6 +66,7 @@ def cutover_record(result: dict) -> dict:
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
         "lease_released": bool(result.get("lease_released")),
+        "prewarm": result.get("prewarm"),
     }
 
 

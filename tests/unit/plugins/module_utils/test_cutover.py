@@ -40,6 +40,10 @@ class Node(cutover.NodeOps):
         if failure:
             raise failure
 
+    def prewarm(self, paths, timeout):
+        self._step("prewarm", tuple(paths), timeout)
+        return {"bytes": 1 << 30, "total_bytes": 1 << 30, "files": 2, "seconds": 0.4, "finished": True, "skipped_reason": None}
+
     def drain(self, engine, timeout):
         self._step("drain", engine.unit, timeout)
         return {"drained": self.drained, "answering": True, "running": 0 if self.drained else 3}
@@ -293,3 +297,20 @@ def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ende
     store.acquire("run-1", 60, 0)
     engine_cutover.finish(result := {"result": "switched"}, dict(params, release_lease=False), store)
     assert result["lease_released"] is False and store.acquire("run-2", 60, 0).holder["owner"] == "run-1"
+
+
+def test_a_prewarm_asked_for_reads_the_weights_before_the_drain_and_never_stops_the_switch():
+    clock = Clock()
+    node = Node(clock, costs={"prewarm": 0.4})
+    result = run(node, clock, prewarm_paths=["/models/m"], prewarm_timeout=300)
+    assert node.calls[0] == ("prewarm", ("/models/m",), 300) and node.calls[1][0] == "drain", "read while the previous engine serves"
+    assert [mark[0] for mark in result["marks"]] == ["prewarm", "drain", "teardown", "bring_up", "end"]
+    assert result["prewarm"]["finished"] and result["result"] == "switched"
+    assert cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, prewarm_paths=["/m"], prewarm_timeout=300).longest_run \
+        == 300 + 120 + 2 * 90 + 30 + 60
+    unreadable = Node(clock, failures={"prewarm": InvalidInput("/models/m: no local weight files")})
+    result = run(unreadable, clock, prewarm_paths=["/models/m"], prewarm_timeout=300)
+    assert result["prewarm"] == {"failed": True, "msg": "/models/m: no local weight files"}
+    assert result["result"] == "switched" and ("start", "sglang.service") in unreadable.calls, "a slower start, not a reason to stop"
+    plain = Node(clock)
+    assert run(plain, clock)["prewarm"] is None and not any(call[0] == "prewarm" for call in plain.calls)
