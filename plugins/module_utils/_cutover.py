@@ -126,8 +126,7 @@ class NodeOps:
 
     def soak(self, engine: Engine, seconds: float) -> dict:
         """The engine keeps its invocation and main PID and keeps serving for ``seconds``: the soak's record; raises
-        (EngineExited, CheckFailed) when it did not. A soak whose controller is gone ends at once, its record
-        ``abandoned``: the engine serves, and the rerun finds it so."""
+        (EngineExited, CheckFailed) when it did not."""
         raise NotImplementedError
 
 

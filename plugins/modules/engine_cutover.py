@@ -202,8 +202,8 @@ options:
         with a one-token completion keeps passing). A crash in them is a failed target: the cutover rolls back.
       - For a caller with nothing to do between the target's first good answer and its soak (no balancer to put the
         node back into); one with a balancer soaks after its join, with M(gpufleet.serving.engine_ready).
-      - A soak whose controller is gone (interrupted, or it lost the node) ends at its next probe, the target serving
-        (RV(soak.abandoned)); the lease is then not released.
+      - The soak is part of the cutover's work: a controller interrupted or gone (it lost the node) does not end it, so
+        that a crash in it is still rolled back; the next run waits for it as for the rest of the cutover.
       - V(0) (the default) does not soak.
     type: float
     default: 0
@@ -236,8 +236,8 @@ options:
     default: []
   release_lease:
     description:
-      - Give the lease of O(lease_owner) back at the end, when the cutover ended (switched, rolled back or not) and its
-        soak was not abandoned - for a caller with nothing left to do on the node (no module run of its own).
+      - Give the lease of O(lease_owner) back at the end, however the cutover ended - for a caller with nothing left
+        to do on the node (no module run of its own).
     type: bool
     default: false
   lease_name:
@@ -331,8 +331,8 @@ ready:
   returned: when the target served
   type: dict
 soak:
-  description: The soak's record - C(seconds) watched, C(probes) sent, C(passed), C(abandoned) (its controller was
-    gone); null when O(soak) is 0 or the target did not serve.
+  description: The soak's record - C(seconds) watched, C(probes) sent, C(passed); null when O(soak) is 0 or the
+    target did not serve.
   returned: always
   type: dict
 prewarm:
@@ -366,10 +366,10 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as
 from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, RequesterGone
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
-from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, abandoning_clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
 try:
@@ -421,11 +421,10 @@ ARGUMENT_SPEC = dict(
 class Node(cutover.NodeOps):
     """The cutover's side effects on this node, through the collection's module_utils."""
 
-    def __init__(self, module: AnsibleModule, reader: ProcReader, soak_clock: Clock):
+    def __init__(self, module: AnsibleModule, reader: ProcReader):
         self.module = module
         self.params = module.params
         self.reader = reader
-        self.soak_clock = soak_clock  # ends the soak when the controller is gone
         self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
 
     def prewarm(self, paths: list[str], timeout: float) -> dict:
@@ -511,11 +510,8 @@ class Node(cutover.NodeOps):
         request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
                                          timeout=0, interval=self.params["soak_interval"], completion=True, min_spec_acceptance=None,
                                          probe_requests=1, soak=seconds)
-        started = time.monotonic()
-        try:
-            return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties, self.soak_clock)
-        except RequesterGone:
-            return {"seconds": round(time.monotonic() - started, 2), "passed": False, "abandoned": True}
+        # the plain clock: like the rest of the cutover, the soak goes on to its end without its controller
+        return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties)
 
     def unit_properties(self, unit: str) -> dict:
         try:
@@ -526,13 +522,11 @@ class Node(cutover.NodeOps):
 
 def finish(result: dict, params: dict, store: lease.LeaseStore) -> None:
     """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the lease given back."""
-    abandoned = bool((result.get("soak") or {}).get("abandoned"))
-    if result["result"] in ("switched", "rolled_back") and not abandoned:
+    if result["result"] in ("switched", "rolled_back"):
         for path in params["clear_paths"]:
             if os.path.lexists(path):
                 os.unlink(path)
-    result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and not abandoned
-                                    and store.release(params["lease_owner"]))
+    result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and store.release(params["lease_owner"]))
 
 
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
@@ -557,7 +551,7 @@ def main() -> None:
             drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
             restore=params["restore"], boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"],
             prewarm_timeout=params["prewarm_timeout"])
-        node = Node(module, ProcReader(), abandoning_clock(parent=os.getppid()))
+        node = Node(module, ProcReader())
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))
         store = lease.LeaseStore(lease.LeaseRequest.from_params(dict(
