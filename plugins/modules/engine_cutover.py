@@ -199,10 +199,10 @@ options:
     description:
       - Seconds the target must go on serving once it was ready, as M(gpufleet.serving.engine_ready)'s
         O(gpufleet.serving.engine_ready#module:soak) watches it (same invocation, main PID and restart count; readiness
-        with a one-token completion keeps passing). A crash in them is a failed target: the cutover rolls back.
+        with a one-token completion keeps passing). A crash in them is a failed target, and the cutover rolls back.
       - For a caller with nothing to do between the target's first good answer and its soak (no balancer to put the
         node back into); one with a balancer soaks after its join, with M(gpufleet.serving.engine_ready).
-      - The soak is part of the cutover's work: a controller interrupted or gone (it lost the node) does not end it, so
+      - The soak is part of the cutover's work. A controller interrupted or gone (it lost the node) does not end it, so
         that a crash in it is still rolled back; the next run waits for it as for the rest of the cutover.
       - V(0) (the default) does not soak.
     type: float
@@ -215,7 +215,7 @@ options:
     description:
       - The target's weight files (or the directories holding them), read into the page cache first, before the drain,
         as M(gpufleet.serving.weights_prewarm) reads them - for a caller whose node serves until the drain (no balancer
-        to leave first). Never a reason not to switch: RV(prewarm) records what was read, or why not.
+        to leave first). Never a reason not to switch - RV(prewarm) records what was read, or why not.
     type: list
     elements: path
     default: []
@@ -504,7 +504,6 @@ class Node(cutover.NodeOps):
             detail = f"still waiting for {report['waiting_for']}" if report.get("waiting_for") else "readiness"
             raise cutover.NotServing(cutover.not_serving_message(engine, report["elapsed"], report.get("unit_state"), detail), **report)
         return report
-
 
     def soak(self, engine: cutover.Engine, seconds: float) -> dict:
         request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,

@@ -127,7 +127,7 @@ options:
     description:
       - A host lease taken (or renewed) first, as M(gpufleet.serving.host_lease) takes it with no wait, so that a switch
         takes its lease and reads the node in one module run. Nothing is read unless it is held
-        (RV(lease.taken)); in check mode it is only looked at, as M(gpufleet.serving.host_lease) does.
+        (C(lease.taken) in RV(lease)); in check mode it is only looked at, as M(gpufleet.serving.host_lease) does.
       - When another run holds it, or the work of an interrupted run still runs on the node, RV(lease) says which and
         the reads are left out - the caller waits with M(gpufleet.serving.host_lease), then reads again.
     type: dict

@@ -16,8 +16,8 @@ description:
     Each file is written beside its name and renamed over it, so that a reader never sees half a report; the directory
     is created when missing.
   - O(state=absent) removes both files, so that a run that is refused leaves no earlier run's report behind.
-  - An action that runs on the controller only, in its own process (no module is sent anywhere): the playbooks'
-    reports cost no module runs. C(changed) is always false - a report is a record of the run, not a change to the
+  - An action that runs on the controller only, in its own process (no module is sent anywhere), so that the
+    playbooks' reports cost no module runs. C(changed) is always false - a report is a record of the run, not a change to the
     fleet - and the files are written in check mode too.
 author:
   - gpufleet.serving contributors (@gpufleet)

@@ -262,8 +262,8 @@ def test_a_target_that_crashes_in_its_soak_is_rolled_back_with_the_soaks_record(
     node = Node(clock, failures={("soak", "sglang.service"): crash})
     result = run(node, clock, soak=15, boot=True)
     names = [call[0] for call in node.calls]
-    assert names[names.index("soak") + 1:] == ["memory", "stop_units", "kill_holders", "memory", "reset_failed", "reset_failed", "start", "wait_ready",
-                                              "set_boot"]
+    rollback = ["memory", "stop_units", "kill_holders", "memory", "reset_failed", "reset_failed", "start", "wait_ready", "set_boot"]
+    assert names[names.index("soak") + 1:] == rollback
     assert result["result"] == "rolled_back" and result["reason"].startswith("soak: sglang.service crashed 8.0 s after it was ready")
     assert result["soak"] == {"seconds": 8.0, "probes": 8, "passed": False}
     assert result["boot"]["at_boot"] == "vllm.service"
