@@ -39,9 +39,9 @@ def switch(tree: Path, inventory: str, target: str, reports: Path) -> tuple[dict
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--inventory", required=True)
+    parser.add_argument("--inventory", required=True, type=lambda path: str(Path(path).resolve()))
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("trees", nargs="+", type=lambda path: Path(path).resolve())
     args = parser.parse_args()
     runs: dict = {str(tree): [] for tree in args.trees}
     target = "sglang"
