@@ -80,13 +80,13 @@ def read_into_cache(files: list, timeout: float, clock=time.monotonic) -> tuple:
     return done, clock() - started, True
 
 
-def warm(paths: list, timeout: float, margin_mib: int, dry_run: bool = False, meminfo_path: str = "/proc/meminfo") -> dict:
+def warm(paths: list, timeout: float, margin_mib: int, dry_run: bool = False) -> dict:
     """Plan and read: the prewarm's record (bytes, total_bytes, files, seconds, finished, skipped_reason). Raises
     InvalidInput or OSError when the files or the memory cannot be read; a plan that does not fit is skipped, not raised."""
     if timeout < 0 or margin_mib < 0:
         raise InvalidInput("timeout and margin_mib must be at least 0")
     files = [found for path in paths for found in weight_files(path)]
-    with open(meminfo_path, encoding="utf-8") as meminfo:
+    with open("/proc/meminfo", encoding="utf-8") as meminfo:
         planned = plan(files, available_bytes(meminfo.read()), margin_mib * MIB)
     record = {"bytes": 0, "total_bytes": planned.total, "files": len(planned.files), "seconds": 0.0, "finished": False,
               "skipped_reason": planned.skipped}

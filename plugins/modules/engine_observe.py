@@ -294,14 +294,16 @@ def take_lease(params: dict, check_mode: bool) -> dict:
     """The lease taken with no wait: {taken, holder, recovered, waited}, or {taken: false, msg, holder, working}."""
     request = lease.LeaseRequest.from_params(dict(params, state="acquired", wait_timeout=0))
     try:
-        return dict(lease.take(request, lease.LeaseStore(request.name), check_mode, still_wanted=lambda: True), taken=True)
+        taken = lease.take(request, lease.LeaseStore(request.name), check_mode, still_wanted=lambda: True)
     except LockTimeout as exc:
         return dict(exc.context, taken=False, msg=exc.msg)
+    taken.pop("changed", None)  # the lease is the run's bookkeeping, not a change to the node
+    return dict(taken, taken=True)
 
 
 def lease_held(taken: dict | None) -> dict:
     """A read that failed says that the lease was taken all the same, for its caller to give it back."""
-    return {"lease": {key: value for key, value in taken.items() if key != "changed"}} if taken else {}
+    return {"lease": taken} if taken else {}
 
 
 def main() -> None:
@@ -314,7 +316,6 @@ def main() -> None:
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
-            taken.pop("changed", None)
             module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={})
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
@@ -323,7 +324,6 @@ def main() -> None:
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict(exc.context, **lease_held(taken)))
     if taken is not None:
-        taken.pop("changed", None)
         result["lease"] = taken
     module.exit_json(changed=False, **result)
 
