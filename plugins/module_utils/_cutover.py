@@ -4,9 +4,10 @@
 #
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
-"""The switch's node-local critical path as one step: drain, stop every engine unit hard, kill what still holds the
-GPUs, assert every GPU free, start the target and wait until it serves (and, when asked, keeps serving through a soak) -
-or, when the target does not come up or crashes in its soak, tear it down and start the previous engine again.
+"""The switch's node-local critical path as one step: (when asked) the target's preflight and files, then drain, stop
+every engine unit hard, kill what still holds the GPUs, assert every GPU free, start the target and wait until it
+serves (and, when asked, keeps serving through a soak) - or, when the target does not come up or crashes in its soak,
+tear it down and start the previous engine again.
 
 Everything with a side effect goes through one seam, NodeOps, which the module builds from the other module_utils
 (_systemd, _holders_kill, _memory, _readiness) and tests replace. Phase times are the node's monotonic clock, turned into
@@ -69,6 +70,10 @@ class CutoverRequest:
     soak: float = 0.0  # seconds the target must go on serving after it was ready; a crash in them rolls back
     prewarm_paths: list[str] = field(default_factory=list)  # the target's weights, read into the page cache before the drain
     prewarm_timeout: float = 0.0
+    # before anything is written or stopped: the target's preflight (a _preflight.Request; a failed check ends the
+    # cutover with nothing touched) and its unit and secrets (_files.WantedFile, written with systemd reloaded)
+    preflight: object | None = None
+    files: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.units:
@@ -83,11 +88,21 @@ class CutoverRequest:
         """An upper bound of the cutover's own waits (the switch's lease renewal covers it)."""
         previous_start = self.previous.ready_timeout if self.previous else 0.0
         prewarm = self.prewarm_timeout if self.prewarm_paths else 0.0
-        return prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
+        # its version command, then NVML opened twice (the GPUs, their holders)
+        preflight = self.preflight.version_timeout + 2 * self.preflight.nvml_timeout if self.preflight is not None else 0.0
+        return preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
 
 
 class NodeOps:
     """The seam: every side effect of the cutover. The module implements it; tests replace it."""
+
+    def preflight(self, request) -> dict:
+        """engine_preflight's result for ``request``: {passed, failures, checks, gpus, holders}; observes only."""
+        raise NotImplementedError
+
+    def write_files(self, files: list) -> dict:
+        """engine_files' result: {changed, files, reloaded}; raises Error (nothing was stopped yet)."""
+        raise NotImplementedError
 
     def prewarm(self, paths: list[str], timeout: float) -> dict:
         """weights_prewarm's record; raises Error (the cutover records it: a slower start, never a reason to stop)."""
@@ -184,7 +199,11 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
                     "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None}
+                    "boot_error": None, "preflight": None, "files": None}
+    if not prepare(request, ops, phases, result):
+        phases.enter("end")
+        result["marks"] = phases.marks
+        return result
     if request.prewarm_paths:
         # still before the drain: the previous engine serves while the target's weights are read
         phases.enter("prewarm")
@@ -234,6 +253,25 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases.enter("end")
     result["marks"] = phases.marks
     return result
+
+
+def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict) -> bool:
+    """The target's preflight, then its files, while the previous engine still serves. False, with the result set,
+    when the cutover must stop here: a failed check (nothing written) or files that could not be written."""
+    if request.preflight is not None:
+        phases.enter("preflight")
+        result["preflight"] = ops.preflight(request.preflight)
+        if not result["preflight"]["passed"]:
+            result.update(changed=False, result="preflight_failed", reason="; ".join(result["preflight"]["failures"]))
+            return False
+    if request.files:
+        phases.enter("stage")
+        try:
+            result["files"] = ops.write_files(request.files)
+        except Error as exc:
+            result.update(changed=True, result="failed", reason=f"stage: the target's files: {exc.msg}")
+            return False
+    return True
 
 
 def rollback(request: CutoverRequest, ops: NodeOps) -> dict:

@@ -7,7 +7,7 @@
 """Preflight of an engine about to replace another: what must hold before the node is disrupted.
 
 Each check is a pure function of what was observed (``Observed``) and returns a ``Check``: its name, whether it
-passed or was skipped, and one line that says why. The observing is done by the module through ``NodeProbe``.
+passed or was skipped, and one line that says why. The observing is done on the node by ``_preflight_node.NodeProbe``.
 """
 
 from __future__ import annotations

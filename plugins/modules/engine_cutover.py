@@ -211,6 +211,25 @@ options:
     description: Seconds between two probes of the soak.
     type: float
     default: 1
+  preflight:
+    description:
+      - The target's preflight, run first - before the files, the prewarm and the drain - with the options of
+        M(gpufleet.serving.engine_preflight) (O(gpufleet.serving.engine_preflight#module:engine),
+        O(gpufleet.serving.engine_preflight#module:checks), O(gpufleet.serving.engine_preflight#module:model), ...), for a caller
+        whose node serves until the drain (no balancer to leave first).
+      - A failed check ends the cutover there with RV(result=preflight_failed) and its lines in RV(reason); nothing is
+        written or stopped. RV(preflight) holds the checks either way.
+      - Omitted (the default), no preflight runs.
+    type: dict
+  files:
+    description:
+      - The target's unit and secrets, written after the preflight and before the drain, as
+        M(gpufleet.serving.engine_files) writes its O(gpufleet.serving.engine_files#module:files) (the same keys; a
+        unit with C(reload) reloads systemd when it changed, a C(secret) file's content is never logged).
+      - Files that cannot be written end the cutover there with RV(result=failed); nothing was stopped.
+    type: list
+    elements: dict
+    default: []
   prewarm_paths:
     description:
       - The target's weight files (or the directories holding them), read into the page cache first, before the drain,
@@ -282,7 +301,9 @@ EXAMPLES = r"""
 RETURN = r"""
 result:
   description: V(switched), V(rolled_back) (the target did not come up; the previous engine serves again),
-    V(rollback_failed) (no engine serves) or V(lease_lost) (another run holds the lease; nothing was touched).
+    V(rollback_failed) (no engine serves), V(lease_lost) (another run holds the lease; nothing was touched),
+    V(preflight_failed) (a check of O(preflight) failed; nothing was touched) or V(failed) (O(files) could not be
+    written; nothing was stopped).
   returned: always
   type: str
 reason:
@@ -293,6 +314,16 @@ rollback_error:
   description: Why the rollback failed.
   returned: always
   type: str
+preflight:
+  description: The result of O(preflight) as M(gpufleet.serving.engine_preflight) returns it (C(passed), C(checks),
+    C(failures), C(gpus), C(holders)); null when none ran.
+  returned: always
+  type: dict
+files:
+  description: What writing O(files) changed, as M(gpufleet.serving.engine_files) returns it (C(files) by name,
+    C(reloaded)); null when none were given or the preflight failed.
+  returned: always
+  type: dict
 marks:
   description: The phases as they began on the node - C([[phase, unix seconds], ...]), ending with C(end).
   returned: always
@@ -357,16 +388,20 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
+from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
@@ -407,6 +442,8 @@ ARGUMENT_SPEC = dict(
     interval=dict(type="float", default=0.25),
     soak=dict(type="float", default=0),
     soak_interval=dict(type="float", default=1),
+    preflight=dict(type="dict"),
+    files=dict(type="list", elements="dict", default=[]),
     prewarm_paths=dict(type="list", elements="path", default=[]),
     prewarm_timeout=dict(type="float", default=300),
     prewarm_margin_mib=dict(type="int", default=8192),
@@ -426,6 +463,18 @@ class Node(cutover.NodeOps):
         self.params = module.params
         self.reader = reader
         self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+
+    def preflight(self, request: preflight.Request) -> dict:
+        return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(lambda: pynvml)))
+
+    def write_files(self, wanted: list) -> dict:
+        reload = self.systemctl.daemon_reload if any(item.reload for item in wanted) else None
+        try:
+            written = files.converge(wanted, 0o755, False, reload)
+        except OSError as exc:
+            raise Error(f"{exc.filename or 'a file'}: {exc.strerror}") from None
+        written.pop("diff", None)
+        return written
 
     def prewarm(self, paths: list[str], timeout: float) -> dict:
         try:
@@ -528,12 +577,35 @@ def finish(result: dict, params: dict, store: lease.LeaseStore) -> None:
     result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and store.release(params["lease_owner"]))
 
 
+def validated(name: str, value: dict, options: dict) -> dict:
+    """A dict option checked against another module's options (their types, defaults and choices); a null value is
+    one not given, as for a module's own options."""
+    checked = ArgumentSpecValidator(options).validate({key: item for key, item in value.items() if item is not None})
+    if checked.error_messages:
+        raise InvalidInput(f"{name}: {'; '.join(checked.error_messages)}")
+    return checked.validated_parameters
+
+
+def preflight_request(value: dict | None) -> preflight.Request | None:
+    return preflight.Request.from_params(validated("preflight", value, preflight_node.OPTIONS)) if value else None
+
+
+def wanted_files(module: AnsibleModule) -> list:
+    wanted = []
+    for index, item in enumerate(module.params["files"]):
+        item = validated(f"files[{index}]", item, files.FILE_OPTIONS)
+        if item["secret"]:
+            module.no_log_values.add(item["content"])
+        wanted.append(files.WantedFile.from_params(item))
+    return wanted
+
+
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     """Check mode: which units would be stopped and which started."""
     active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
-                boot=None, boot_error=None, lease_released=False)
+                boot=None, boot_error=None, lease_released=False, preflight=None, files=None)
 
 
 def main() -> None:
@@ -549,7 +621,7 @@ def main() -> None:
                 params["previous"], unit=systemd.normalize_unit_name(params["previous"]["unit"]))),
             drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"],
             restore=params["restore"], boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"],
-            prewarm_timeout=params["prewarm_timeout"])
+            prewarm_timeout=params["prewarm_timeout"], preflight=preflight_request(params["preflight"]), files=wanted_files(module))
         node = Node(module, ProcReader())
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **plan(request, node.systemctl))

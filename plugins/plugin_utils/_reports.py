@@ -145,8 +145,11 @@ def _out_of_rotation(marks: list, result: str, record: dict | None = None) -> li
     record = record or {}
     names = [mark[0] for mark in marks]
     node_phases = [mark for mark in marks if mark[0] in ("drain", "teardown")]
-    if record.get("rotation") == "none" and record.get("serving_since") and node_phases and record.get("cutover_result") == result:
-        return [round(float(node_phases[0][1]), 3), round(float(record["serving_since"]), 3)]
+    if record.get("rotation") == "none" and record.get("cutover_result") == result:
+        if not node_phases:
+            return None  # the cutover's preflight or files stopped it: the previous engine served throughout
+        if record.get("serving_since"):
+            return [round(float(node_phases[0][1]), 3), round(float(record["serving_since"]), 3)]
     if "leave_rotation" not in names:
         return None
     left = float(marks[names.index("leave_rotation")][1])

@@ -12,7 +12,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
-CUTOVER_RESULTS = ("switched", "rolled_back", "rollback_failed")
+# preflight_failed and failed: the cutover's preflight or its files stopped it before the drain (nothing was stopped)
+CUTOVER_RESULTS = ("switched", "rolled_back", "rollback_failed", "preflight_failed", "failed")
 
 
 class SwitchError(ValueError):
@@ -67,6 +68,7 @@ def cutover_record(result: dict) -> dict:
         "boot_error": result.get("boot_error"),
         "lease_released": bool(result.get("lease_released")),
         "prewarm": result.get("prewarm"),
+        "preflight": result.get("preflight"),
     }
 
 

@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO
 
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports as reports
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
 
 PROCESS = {"pid": 42, "comm": "python3", "cmdline": ["python3", "-m", "sglang.launch_server", "--model-path", "/m"], "gpus": [0], "unit": "x"}
 T0 = 1_800_000_000.0
@@ -207,6 +208,23 @@ def test_a_failed_preflight_left_the_node_in_rotation():
     assert report["preflight"] == [{"name": "model", "passed": False, "skipped": False, "detail": "model /m does not exist"}]
     gate = reports_gate({"node1": report})
     assert gate["stop"] and gate["failed"] == ["node1"], "a failed preflight counts against the rollout"
+
+
+def test_a_preflight_failed_in_the_cutover_left_the_node_serving_as_it_was():
+    """rotation none: the cutover ran the checks first, after the controller's leave_rotation mark; nothing was drained."""
+    cutover = _switch.cutover_record({"result": "preflight_failed", "reason": "model /m does not exist", "changed": False,
+                                      "marks": [["preflight", T0 + 4.2], ["end", T0 + 4.3]],
+                                      "preflight": {"passed": False, "failures": ["model /m does not exist"],
+                                                    "checks": [{"name": "model", "passed": False, "detail": "model /m does not exist"}],
+                                                    "holders": {"foreign": [], "escaped": []}}})
+    assert cutover["outcome"] == {"result": "preflight_failed", "reason": "model /m does not exist"} and cutover["serving_since"] is None
+    record = switch_record("preflight_failed", outcome=cutover["outcome"], rotation="none", cutover_result="preflight_failed",
+                           marks=[["lease", T0], ["discover", T0 + 1], ["leave_rotation", T0 + 3], ["cutover", T0 + 3.1]] + cutover["marks"]
+                           + [["end", T0 + 5]], preflight=cutover["preflight"]["checks"], teardown=None)
+    report = reports.switch_host_report(record)
+    assert report["failed_phase"] == "preflight" and report["out_of_rotation"] is None and report["downtime_s"] is None
+    assert report["preflight"] == [{"name": "model", "passed": False, "skipped": False, "detail": "model /m does not exist"}]
+    assert report["durations_s"]["preflight"] == 0.8
 
 
 def reports_gate(hosts):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
 
 VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
@@ -37,8 +38,17 @@ class Node(cutover.NodeOps):
         self.calls.append((name, *args))
         self.clock.now += self.costs.get(name, 0.0)
         failure = self.failures.get((name, *args[:1])) or self.failures.get(name)
-        if failure:
+        if isinstance(failure, Exception):
             raise failure
+
+    def preflight(self, request):
+        self._step("preflight", request.engine)
+        failures = list(self.failures.get("preflight_checks") or [])
+        return {"passed": not failures, "failures": failures, "checks": [{"name": "model", "passed": not failures}], "gpus": [], "holders": {}}
+
+    def write_files(self, files):
+        self._step("write_files", tuple(files))
+        return {"changed": True, "files": {name: ["content"] for name in files}, "reloaded": True}
 
     def prewarm(self, paths, timeout):
         self._step("prewarm", tuple(paths), timeout)
@@ -312,3 +322,42 @@ def test_a_prewarm_asked_for_reads_the_weights_before_the_drain_and_never_stops_
     assert result["result"] == "switched" and ("start", "sglang.service") in unreadable.calls, "a slower start, not a reason to stop"
     plain = Node(clock)
     assert run(plain, clock)["prewarm"] is None and not any(call[0] == "prewarm" for call in plain.calls)
+
+
+def preflight_request(**params):
+    defaults = {"engine": "sglang", "checks": ["model", "port"], "version_argv": None, "version": None, "model": "/models/m", "draft_model": None,
+                "user": "root", "gpus_needed": 1, "visible_devices": None, "port": 30000, "port_owners": [], "install_dir": None,
+                "install_min_free_mib": 20480, "nvml_timeout": 10, "version_timeout": 120}
+    return preflight.Request.from_params({**defaults, **params})
+
+
+def test_a_preflight_and_files_asked_for_run_first_while_the_previous_engine_serves():
+    clock = Clock()
+    node = Node(clock, costs={"preflight": 0.1, "write_files": 0.05})
+    result = run(node, clock, preflight=preflight_request(), files=["unit", "secrets"], prewarm_paths=["/models/m"], prewarm_timeout=300)
+    names = [call[0] for call in node.calls]
+    assert names[:4] == ["preflight", "write_files", "prewarm", "drain"], "checked, then written, then read - all before the drain"
+    assert [mark[0] for mark in result["marks"]] == ["preflight", "stage", "prewarm", "drain", "teardown", "bring_up", "end"]
+    assert result["result"] == "switched" and result["preflight"]["passed"] and result["files"]["reloaded"]
+    # the preflight's own waits (its version command, two NVML reads) count in the bound the lease covers
+    assert cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, preflight=preflight_request()).longest_run \
+        == 120 + 2 * 10 + 120 + 2 * 90 + 30 + 60
+
+
+def test_a_failed_preflight_ends_the_cutover_with_nothing_written_or_stopped():
+    clock = Clock()
+    node = Node(clock, failures={"preflight_checks": ["model /models/m does not exist", "port 30000 is held by nginx"]})
+    result = run(node, clock, preflight=preflight_request(), files=["unit"], prewarm_paths=["/models/m"], prewarm_timeout=300)
+    assert [call[0] for call in node.calls] == ["preflight"], "no file written, nothing read, drained, stopped or started"
+    assert result["result"] == "preflight_failed" and result["changed"] is False
+    assert result["reason"] == "model /models/m does not exist; port 30000 is held by nginx"
+    assert [mark[0] for mark in result["marks"]] == ["preflight", "end"] and result["teardown"] is None and result["files"] is None
+
+
+def test_files_that_cannot_be_written_end_the_cutover_before_the_drain():
+    clock = Clock()
+    node = Node(clock, failures={"write_files": InvalidInput("/etc/systemd/system/sglang.service: Read-only file system")})
+    result = run(node, clock, preflight=preflight_request(), files=["unit"])
+    assert [call[0] for call in node.calls] == ["preflight", "write_files"], "the previous engine was never drained or stopped"
+    assert result["result"] == "failed" and result["reason"] == "stage: the target's files: /etc/systemd/system/sglang.service: Read-only file system"
+    assert [mark[0] for mark in result["marks"]] == ["preflight", "stage", "end"]
