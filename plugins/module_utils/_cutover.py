@@ -100,7 +100,7 @@ class NodeOps:
         """engine_preflight's result for ``request``: {passed, failures, checks, gpus, holders}; observes only."""
         raise NotImplementedError
 
-    def write_files(self, files: list) -> dict:
+    def write_files(self, wanted: list) -> dict:
         """engine_files' result: {changed, files, reloaded}; raises Error (nothing was stopped yet)."""
         raise NotImplementedError
 

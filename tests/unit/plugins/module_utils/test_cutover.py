@@ -46,9 +46,9 @@ class Node(cutover.NodeOps):
         failures = list(self.failures.get("preflight_checks") or [])
         return {"passed": not failures, "failures": failures, "checks": [{"name": "model", "passed": not failures}], "gpus": [], "holders": {}}
 
-    def write_files(self, files):
-        self._step("write_files", tuple(files))
-        return {"changed": True, "files": {name: ["content"] for name in files}, "reloaded": True}
+    def write_files(self, wanted):
+        self._step("write_files", tuple(wanted))
+        return {"changed": True, "files": {name: ["content"] for name in wanted}, "reloaded": True}
 
     def prewarm(self, paths, timeout):
         self._step("prewarm", tuple(paths), timeout)
