@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
-
-from ansible.module_utils.urls import open_url
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 HEALTH_PATHS = {"vllm": "/health", "sglang": "/health_generate"}
@@ -30,6 +29,19 @@ class Response:
     status: int | None  # None: no connection (refused, reset, timed out)
     body: str = ""
     error: str = ""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is the engine's answer, not somewhere to go (it comes back as an HTTPError with its 3xx status)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+# the engine is on this node: a proxy from the environment must not be in the way. The standard library's client, not
+# ansible.module_utils.urls: that one's imports (TLS, mail, certificates) cost each module run about 0.1 s on the node
+# and more to pack on the controller, for features these loopback calls do not use.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 class HttpClient:
@@ -46,9 +58,8 @@ class HttpClient:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         try:
-            # the engine is on this node: a proxy from the environment must not be in the way
-            with open_url(self.base_url + path, data=data, method=method, headers=headers, timeout=self.timeout,
-                          use_proxy=False, follow_redirects="none") as reply:
+            with _OPENER.open(urllib.request.Request(self.base_url + path, data=data, headers=headers, method=method),
+                              timeout=self.timeout) as reply:
                 return Response(reply.status, reply.read().decode("utf-8", errors="replace"))
         except urllib.error.HTTPError as error:
             return Response(error.code, error.read().decode("utf-8", errors="replace"))
