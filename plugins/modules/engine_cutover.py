@@ -213,10 +213,9 @@ options:
     default: 1
   preflight:
     description:
-      - The target's preflight, run first - before the files, the prewarm and the drain - with the options of
-        M(gpufleet.serving.engine_preflight) (O(gpufleet.serving.engine_preflight#module:engine),
-        O(gpufleet.serving.engine_preflight#module:checks), O(gpufleet.serving.engine_preflight#module:model), ...), for a caller
-        whose node serves until the drain (no balancer to leave first).
+      - The target's preflight, run first - before the files, the prewarm and the drain - given as the options of
+        M(gpufleet.serving.engine_preflight) (C(engine), C(checks), C(model), C(port), ...), for a caller whose node
+        serves until the drain (no balancer to leave first).
       - A failed check ends the cutover there with RV(result=preflight_failed) and its lines in RV(reason); nothing is
         written or stopped. RV(preflight) holds the checks either way.
       - Omitted (the default), no preflight runs.
