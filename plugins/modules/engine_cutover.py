@@ -388,6 +388,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
@@ -589,14 +590,16 @@ def preflight_request(value: dict | None) -> preflight.Request | None:
     return preflight.Request.from_params(validated("preflight", value, preflight_node.OPTIONS)) if value else None
 
 
+def hide_secrets(module: AnsibleModule) -> None:
+    """A secret file's content is never returned, even where another option's error ends the run before its entry
+    is checked: every failure returns the module's arguments."""
+    for item in module.params["files"]:
+        if isinstance(item, dict) and item.get("content") and boolean(item.get("secret", False), strict=False):
+            module.no_log_values.add(str(item["content"]))
+
+
 def wanted_files(module: AnsibleModule) -> list:
-    wanted = []
-    for index, item in enumerate(module.params["files"]):
-        item = validated(f"files[{index}]", item, files.FILE_OPTIONS)
-        if item["secret"]:
-            module.no_log_values.add(item["content"])
-        wanted.append(files.WantedFile.from_params(item))
-    return wanted
+    return [files.WantedFile.from_params(validated(f"files[{index}]", item, files.FILE_OPTIONS)) for index, item in enumerate(module.params["files"])]
 
 
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
@@ -609,6 +612,7 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    hide_secrets(module)
     if pynvml is None:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     try:

@@ -63,3 +63,13 @@ def test_a_preflight_it_cannot_use_is_refused_naming_the_option(tmp_path, nvml_e
     result = run_module("engine_cutover", cutover_args(tmp_path, files=[{"name": "unit", "content": "x"}]), env=nvml_env)
     assert result.failed and result["msg"].startswith("files[0]: ") and "path" in result["msg"]
     assert not os.path.exists("/etc/systemd/system/gpufleet-test-sglang.service")
+
+
+def test_a_secret_file_is_never_returned_when_another_option_is_refused(tmp_path, nvml_env):
+    secrets = {"name": "secrets", "path": str(tmp_path / "sglang.env"), "content": "SGLANG_API_KEY=t0p-s3cret\n", "secret": "yes"}
+    args = cutover_args(tmp_path, files=[secrets])
+    args["target"] = dict(args["target"], unit="")  # refused before the files are looked at
+    result = run_module("engine_cutover", args, env=nvml_env)
+    assert result.failed and "unit" in result["msg"]
+    assert "t0p-s3cret" not in str(result.result) and "t0p-s3cret" not in result.stderr
+    assert not (tmp_path / "sglang.env").exists()
