@@ -13,6 +13,7 @@ reads go through one seam, NodeReader, which the module builds from the other mo
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
@@ -85,26 +86,30 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, us
     if twice:
         raise InvalidInput(f"engines: {', '.join(twice)} given more than once")
     states = reader.units([probe.unit for probe in engines]) if engines else {}
+    running = {probe.engine: (states.get(probe.unit) or {}).get("ActiveState") in RUNNING_STATES for probe in engines}
+    argvs = {probe.engine: exec_start_argv((states.get(probe.unit) or {}).get("ExecStart")) if running[probe.engine] else [] for probe in engines}
+    reads = list(dict.fromkeys((probe.engine, executable) for probe in engines
+                               for executable in argvs[probe.engine][:1] + ([probe.executable] if probe.executable else [])))
+    # each version read starts a Python of its own: they run side by side, and beside the readiness requests
+    with ThreadPoolExecutor(max_workers=max(1, len(reads))) as pool:
+        pending = {key: pool.submit(reader.version, *key) for key in reads}
+        answers = {probe.engine: reader.serves(probe) if running[probe.engine] and probe.url else None for probe in engines}
+        read = {key: future.result() for key, future in pending.items()}
     found: dict = {}
     for probe in engines:
         properties = states.get(probe.unit) or {}
-        running = properties.get("ActiveState") in RUNNING_STATES
-        argv = exec_start_argv(properties.get("ExecStart")) if running else []
-        versions, reasons = {}, {}
-        for executable in dict.fromkeys(argv[:1] + ([probe.executable] if probe.executable else [])):
-            versions[executable], reason = reader.version(probe.engine, executable)
-            if reason:
-                reasons[executable] = reason
-        answer = reader.serves(probe) if running and probe.url else None
+        versions = {executable: version for (engine, executable), (version, _reason) in read.items() if engine == probe.engine}
+        reasons = {executable: reason for (engine, executable), (_version, reason) in read.items() if engine == probe.engine and reason}
+        answer = answers[probe.engine]
         found[probe.engine] = {
             "unit": probe.unit,
             "load_state": properties.get("LoadState"),
             "active_state": properties.get("ActiveState"),
             "unit_file_state": properties.get("UnitFileState"),
             "installed": properties.get("LoadState") == "loaded",
-            "running": running,
+            "running": running[probe.engine],
             "enabled": properties.get("UnitFileState") == "enabled",
-            "argv": argv,
+            "argv": argvs[probe.engine],
             "versions": versions,
             "version_reasons": reasons,
             "serving": bool(answer and answer.get("ready")),

@@ -129,3 +129,18 @@ def test_users_and_devices_are_read_as_asked():
     found = observe.observe([VLLM, SGLANG], [], WithAccounts(), users=["vllm", "nobody2"], devices=["/dev/nvidiactl"])
     assert found["users"]["vllm"]["exists"] and not found["users"]["nobody2"]["exists"]
     assert found["devices"] == {"/dev/nvidiactl": {"exists": True, "group": "video", "mode": "0660"}}
+
+
+def test_the_version_reads_run_side_by_side():
+    """Each read starts a Python of its own: read one after the other, the barrier (one party per read) would break."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=5)
+
+    class SideBySide(Reader):
+        def version(self, engine, executable):
+            barrier.wait()  # BrokenBarrierError after 5 s when the other read does not start meanwhile
+            return super().version(engine, executable)
+
+    found = observe.observe([VLLM, SGLANG], [], SideBySide())
+    assert found["engines"]["vllm"]["versions"] == {"/opt/vllm/0.33.0/bin/vllm": "0.33.0", "/opt/vllm/0.34.0/bin/vllm": None}
