@@ -19,7 +19,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
 
 # The form of a file in the modules' options (engine_files writes them, engine_observe compares them).
 FILE_OPTIONS = dict(name=dict(type="str"), path=dict(type="path", required=True), content=dict(type="str", required=True),
@@ -125,7 +125,15 @@ def compare(files: list[WantedFile]) -> dict[str, list[str]]:
 
 def converge(files: list[WantedFile], directory_mode: int, check_mode: bool, reload) -> dict:
     """Compare every file, write those that differ (unless check mode), reload systemd once when a file marked
-    ``reload`` changed. Returns changed, files (by name: what differed), reloaded and the diffs of non-secret files."""
+    ``reload`` changed. Returns changed, files (by name: what differed), reloaded and the diffs of non-secret files.
+    Raises Error naming the file that could not be read or written."""
+    try:
+        return _converge(files, directory_mode, check_mode, reload)
+    except OSError as exc:
+        raise Error(f"{exc.filename or 'a file'}: {exc.strerror}") from None
+
+
+def _converge(files: list[WantedFile], directory_mode: int, check_mode: bool, reload) -> dict:
     names = unique_names(files)
     for wanted in files:
         wanted.ids()  # every owner and group exists before the first file is written

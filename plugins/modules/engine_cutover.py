@@ -469,10 +469,7 @@ class Node(cutover.NodeOps):
 
     def write_files(self, wanted: list) -> dict:
         reload = self.systemctl.daemon_reload if any(item.reload for item in wanted) else None
-        try:
-            written = files.converge(wanted, 0o755, False, reload)
-        except OSError as exc:
-            raise Error(f"{exc.filename or 'a file'}: {exc.strerror}") from None
+        written = files.converge(wanted, 0o755, False, reload)  # raises Error naming the file
         written.pop("diff", None)
         return written
 

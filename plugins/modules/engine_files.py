@@ -124,8 +124,6 @@ def main() -> None:
         result = files.converge(wanted, directory_mode, module.check_mode, reload)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
-    except OSError as exc:
-        module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}")
     diff = result.pop("diff")
     if module._diff:
         result["diff"] = diff

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
 
 
 def wanted(path, content, **extra):
@@ -98,3 +98,13 @@ def test_compare_says_what_converge_would_change_and_writes_nothing(tmp_path):
     assert secrets.read_text() == "KEY=old\n" and not (tmp_path / "staged").exists()
     with pytest.raises(InvalidInput, match="unit given more than once"):
         files.compare([given[0], given[0]])
+
+
+def test_a_file_that_cannot_be_written_is_named_and_nothing_is_reloaded(tmp_path):
+    (tmp_path / "systemd").write_text("a file where the unit's directory should be\n")
+    unit = wanted(tmp_path / "systemd" / "vllm.service", "[Service]\nExecStart=/bin/true\n", name="unit", reload=True)
+    reloads = []
+    with pytest.raises(Error) as raised:
+        files.converge([unit], 0o755, False, lambda: reloads.append(1))
+    assert str(tmp_path / "systemd") in raised.value.msg and "Not a directory" in raised.value.msg
+    assert reloads == []
