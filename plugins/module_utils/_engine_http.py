@@ -11,6 +11,7 @@ Metric names are those of vLLM 0.33.0 and SGLang 0.5.23. The HTTP client is the 
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.error
@@ -65,6 +66,8 @@ class HttpClient:
             return Response(error.code, error.read().decode("utf-8", errors="replace"))
         except (urllib.error.URLError, OSError) as error:
             return Response(None, error=str(getattr(error, "reason", error)))
+        except http.client.HTTPException as error:  # an engine that died mid-answer: a bad status line, a cut body
+            return Response(None, error=f"{type(error).__name__}: {error}")
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -33,6 +33,13 @@ class Engine(BaseHTTPRequestHandler):
             self.answer(307, b"", [("Location", "/elsewhere")])
         elif self.path == "/health":
             self.answer(200, b"ok")
+        elif self.path == "/cut":  # dies halfway through its answer
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"half")
+        elif self.path == "/garbled":
+            self.wfile.write(b"NOT-HTTP\r\n\r\n")
         else:
             self.answer(404, b"no such route")
 
@@ -74,3 +81,11 @@ def test_nobody_listening_is_an_answer_with_no_status():
         port = probe.getsockname()[1]
     reply = http.HttpClient(f"http://127.0.0.1:{port}", timeout=2).request("GET", "/health")
     assert reply.status is None and "refused" in reply.error.lower()
+
+
+def test_an_engine_that_dies_mid_answer_is_an_answer_with_no_status(engine):
+    """A cut body or a garbled status line (http.client's own errors, not OSError) is a failed probe, not a crash."""
+    cut = http.HttpClient(engine, timeout=5).request("GET", "/cut")
+    garbled = http.HttpClient(engine, timeout=5).request("GET", "/garbled")
+    assert cut.status is None and "IncompleteRead" in cut.error
+    assert garbled.status is None and "BadStatusLine" in garbled.error
