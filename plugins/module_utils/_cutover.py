@@ -118,8 +118,9 @@ class NodeOps:
     def kill_holders(self, units: list[str]) -> dict:
         raise NotImplementedError
 
-    def memory(self, wait: bool) -> dict:
-        """gpu_memory_assert: one reading (wait false), or polled to its deadline; raises when a GPU is not free."""
+    def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
+        """gpu_memory_assert: one reading (wait false), or polled to its deadline; raises when a GPU is not free.
+        ``left_pids``: holders the teardown reported and left (outside_units=report), whose memory is not counted."""
         raise NotImplementedError
 
     def reset_failed(self, units: list[str]) -> None:
@@ -175,7 +176,9 @@ def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float) -> dict
     step = "before"
     try:
         for step, run in (("before", lambda: ops.memory(wait=False)), ("units", lambda: ops.stop_units(request.units, stop_timeout)),
-                          ("holders", lambda: ops.kill_holders(request.units)), ("after", lambda: ops.memory(wait=True))):
+                          ("holders", lambda: ops.kill_holders(request.units)),
+                          # what the engines released is judged: a holder reported and left keeps its memory
+                          ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps)))):
             started = clock.monotonic()
             steps[step] = run()
             steps["seconds"][step] = round(clock.monotonic() - started, 3)  # where a teardown's time goes
@@ -191,6 +194,11 @@ def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float) -> dict
         # a switch is not an engine failure (monitoring alerts on failed units); the report keeps what was killed
         ops.reset_failed(failed)
     return steps
+
+
+def left_holders(steps: dict) -> tuple[int, ...]:
+    """The pids of the holders the teardown's holders step reported and left running (outside_units=report)."""
+    return tuple(sorted({holder["pid"] for holder in (steps.get("holders") or {}).get("outside") or []}))
 
 
 def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float) -> dict:

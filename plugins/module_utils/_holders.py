@@ -326,6 +326,7 @@ class KillPlan:
     foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    inventory: dict | None = None  # NVML's reading the plan was made from (None: not queried)
 
 
 def cross_check_nvml(listed: list[NvmlProcess], scanner: HolderScanner, scan: ScanResult, reader: ProcReader) -> list[dict]:

@@ -30,10 +30,11 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
     in_init_pid_namespace,
     plan_kill,
 )
+from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, journalled, survivor_report, terminate_then_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
 SOURCES = ("proc", "nvml")
@@ -60,7 +61,7 @@ class KillRequest:
     nvml_timeout: float
     lock_timeout: float
     units: tuple[str, ...] = ()
-    outside_units: str = "kill"
+    outside_units: str = "fail"
     # the uids of the engines' users: their holders outside the units are the engines' own (escaped workers)
     owner_uids: frozenset[int] = frozenset()
 
@@ -78,7 +79,7 @@ class KillRequest:
         for unit in units:
             if not unit or "/" in unit or not unit.isprintable() or "." not in unit:
                 raise InvalidInput(f"units: {unit!r} is not a unit name (for example vllm.service)")
-        outside_units = params.get("outside_units") or "kill"
+        outside_units = params.get("outside_units") or "fail"
         if outside_units not in OUTSIDE_UNITS:
             raise InvalidInput(f"outside_units: {outside_units!r} is not one of {', '.join(OUTSIDE_UNITS)}")
         owner_uids = frozenset(owner_uid(owner) for owner in params.get("owners") or [])
@@ -178,6 +179,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     uuid_by_index = {gpu["index"]: gpu["uuid"] for gpu in inventory["gpus"] if gpu.get("uuid")} if inventory else None
     plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes, uuid_by_index)
     plan.stale_nvml_pids = stale
+    plan.inventory = inventory
     if request.kill_ambiguous:
         plan.targets = sorted(plan.targets + [{k: v for k, v in holder.items() if k != "reason"} for holder in plan.ambiguous],
                               key=lambda holder: holder["pid"])
@@ -266,8 +268,9 @@ def _unit_warnings(plan: KillPlan) -> list[str]:
 
 
 def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
-    """Signal every target (TERM+CONT, then KILL) and report what happened to each."""
+    """Signal every target (TERM+CONT, then KILL), each signal journalled first, and report what happened to each."""
     by_pid = {target["pid"]: target for target in plan.targets}
+    signaller.journal.open()  # a journal that cannot be written refuses the run before the first signal
     outcome = terminate_then_kill(signaller, [ProcessIdentity(t["pid"], t["start_time"]) for t in plan.targets],
                                   request.term_timeout, request.kill_timeout)
     return {
@@ -275,7 +278,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
         "killed": [by_pid[identity.pid] for identity in outcome.killed],
         "survivors": [survivor_report(signaller.reader, identity, by_pid[identity.pid]) for identity in outcome.survivors],
         "not_signalled": outcome.not_signalled,
-        "signals": outcome.signals,
+        "signals": journalled(outcome.signals, signaller.journal),
     }
 
 
@@ -293,7 +296,7 @@ def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:
 
 
 def kill_holders(request: KillRequest, nvml_client_factory, reader: ProcReader, restart_policy, check_mode: bool,
-                 warn=lambda _message: None, log=lambda _message: None) -> dict:
+                 warn=lambda _message: None, log=lambda _message: None, journal: Journal | None = None) -> dict:
     """Observe, plan and (unless check mode) signal the GPU holders under the host lock: gpu_holders_kill's result.
 
     A refused plan raises Refused and survivors raise CheckFailed, each carrying the whole result.
@@ -301,14 +304,15 @@ def kill_holders(request: KillRequest, nvml_client_factory, reader: ProcReader, 
     started = time.monotonic()
     with host_lock(lock_path("gpu_holders_kill"), request.lock_timeout):
         plan = observe(request, nvml_client_factory, reader, restart_policy=restart_policy)
-        result = dict(plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[])
+        journal = journal or Journal(None, "-", "gpu_holders_kill", reader)
+        result = dict(plan_result(plan), terminated=[], killed=[], survivors=[], not_signalled=[], signals=[], journal_path=journal.path)
         for warning in plan.warnings:
             warn(warning)
         refused = refusal(plan, request)
         if refused:
             raise Refused(refused, elapsed=time.monotonic() - started, **result)
         if plan.targets and not check_mode:
-            result.update(apply(plan, request, Signaller(reader)))
+            result.update(apply(plan, request, Signaller(reader, journal=journal)))
             for sent in result["signals"]:
                 log(f"gpu_holders_kill: {sent['signal']} to pid {sent['pid']} (start time {sent['start_time']}): {sent['result']}")
     # in check mode the plan is the change; for real, only a signal that reached a process is one

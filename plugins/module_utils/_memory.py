@@ -49,6 +49,8 @@ class Limits:
     max_processes: int | None = None
     v1_reserve_mib: int = DEFAULT_V1_RESERVE_MIB
     max_used_percent: float | None = None  # of each GPU's total; with max_used_mib too, both must hold
+    # holders left running on purpose (outside_units=report): their memory, as NVML lists it per GPU, is not counted
+    left_pids: frozenset[int] = frozenset()
 
     def used_limits(self, total_mib: int | None) -> list[tuple[float, str]]:
         """The used-memory limits a GPU of this size must stay under, each with how a problem names it."""
@@ -86,14 +88,25 @@ def assess(inventory: dict, selected: list[int], limits: Limits) -> Assessment:
     for index in selected:
         gpu = dict(by_index[index])
         used = comparable_used_mib(gpu, limits.v1_reserve_mib)
+        processes = gpu.get("processes", [])
+        left = [process for process in processes if process["pid"] in limits.left_pids]
+        # a left holder whose memory NVML does not report cannot be discounted: the GPU is judged on all it uses
+        gpu["left_mib"] = sum(process["used_mib"] or 0 for process in left) if left else None
+        if used is not None and left:
+            used = max(0, used - gpu["left_mib"])
         problems = []
         if gpu["status"] != "ok":
             problems.append(f"NVML status {gpu['status']}: {gpu.get('error', '')}".rstrip(": "))
         for limit, named in limits.used_limits(gpu.get("total_mib")) if used is not None else []:
             if used > limit:
                 problems.append(f"{used} MiB used > {named}")
-        if limits.max_processes is not None and len(gpu.get("processes", [])) > limits.max_processes:
-            problems.append(f"{len(gpu['processes'])} processes > max_processes {limits.max_processes}")
+        counted = len(processes) - len(left)
+        if limits.max_processes is not None and counted > limits.max_processes:
+            problems.append(f"{counted} processes > max_processes {limits.max_processes}")
+        if left and problems:
+            unknown = [str(process["pid"]) for process in left if process.get("used_mib") is None]
+            problems.append(f"{gpu['left_mib']} MiB of left holder(s) {', '.join(str(process['pid']) for process in left)} not counted"
+                            + (f" (NVML reports no memory for {', '.join(unknown)})" if unknown else ""))
         gpu.update(clean=not problems, problems=problems, compared_used_mib=used)
         assessment.gpus.append(gpu)
         if problems:
@@ -150,6 +163,10 @@ class MemoryRequest:
     @classmethod
     def from_params(cls, params: dict) -> MemoryRequest:
         validate_gpu_selectors(params.get("gpus"))
+        left_pids = params.get("left_pids") or []
+        for pid in left_pids:
+            if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+                raise InvalidInput(f"left_pids: {pid!r} is not a process id")
         max_used = params.get("max_used_mib")
         percent = params.get("max_used_percent")
         if max_used is None and percent is None:
@@ -163,7 +180,7 @@ class MemoryRequest:
             gpus=params.get("gpus") or None,
             expected_count=non_negative_int("expected_count", params.get("expected_count")),
             limits=Limits(max_used, non_negative_int("max_processes", params.get("max_processes")),
-                          non_negative_int("v1_reserve_mib", params["v1_reserve_mib"]), percent),
+                          non_negative_int("v1_reserve_mib", params["v1_reserve_mib"]), percent, frozenset(left_pids)),
             timeout=non_negative("timeout", params["timeout"]),
             interval=interval,
             nvml_timeout=non_negative("nvml_timeout", params["nvml_timeout"], minimum_exclusive=True),
@@ -245,7 +262,7 @@ def holders_by_minor(device_paths: list[str], reader: ProcReader, exclude: set[i
 
 
 REPORT_KEYS = ("index", "uuid", "name", "bus_id", "minor", "status", "total_mib", "used_mib", "reserved_mib", "memory_api",
-               "compared_used_mib", "processes", "clean", "problems")
+               "compared_used_mib", "left_mib", "processes", "clean", "problems")
 
 
 def gpu_report(assessment: Assessment) -> list[dict]:

@@ -71,6 +71,9 @@ class Request:
     owners: list = field(default_factory=list)
     outside_units: str = "fail"
     holder_gpus: list = field(default_factory=list)  # a selection of GPUs (indexes or UUIDs); empty: all
+    # the share of each GPU's memory the target takes (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static);
+    # None: the engine's default where it has a fixed one
+    memory_fraction: float | None = None
     device_paths: list = field(default_factory=list)  # the device files whose holders count; empty: the driver's
 
     @classmethod
@@ -93,7 +96,24 @@ class Request:
                    install_min_free_mib=params["install_min_free_mib"], nvml_timeout=params["nvml_timeout"],
                    version_timeout=params["version_timeout"], units=list(params.get("units") or []),
                    owners=list(params.get("owners") or []), outside_units=params.get("outside_units") or "fail",
-                   holder_gpus=list(params.get("gpus") or []), device_paths=list(params.get("device_paths") or []))
+                   holder_gpus=list(params.get("gpus") or []), device_paths=list(params.get("device_paths") or []),
+                   memory_fraction=memory_fraction(params.get("memory_fraction")))
+
+
+# vLLM's default --gpu-memory-utilization (vllm/config/cache.py); SGLang sizes --mem-fraction-static itself
+DEFAULT_MEMORY_FRACTION = {"vllm": 0.92}
+
+
+def memory_fraction(value) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"memory_fraction: {value!r} is not a number") from None
+    if not 0 < fraction <= 1:
+        raise InvalidInput(f"memory_fraction: must be more than 0 and at most 1, got {value!r}")
+    return fraction
 
 
 # --- the checks ------------------------------------------------------------------------------------------------------
@@ -152,8 +172,43 @@ def check_holders(request: Request, foreign: list, escaped: list, describe) -> C
     if request.outside_units == "fail":
         return Check("holders", False, f"{named}. Nothing was touched: stop them, or let the teardown kill them (outside_units: kill)"
                                        + escaped_line)
-    fate = "killed by the teardown" if request.outside_units == "kill" else "left running (the GPUs they hold stay used)"
+    fate = "killed by the teardown" if request.outside_units == "kill" else "left running (the memory they hold is not counted against the engine)"
     return Check("holders", True, f"{named}; {fate} (outside_units: {request.outside_units})" + escaped_line)
+
+
+def target_gpus(request: Request, gpus: list[dict]) -> list[dict]:
+    """The GPUs the target will use: those its visible devices name (index or UUID), else the first gpus_needed."""
+    if request.visible_devices:
+        wanted = set(request.visible_devices)
+        return [gpu for gpu in gpus if str(gpu["index"]) in wanted or gpu.get("uuid") in wanted]
+    return sorted(gpus, key=lambda gpu: gpu["index"])[:request.gpus_needed]
+
+
+def check_fit(request: Request, gpus: list[dict]) -> Check | None:
+    """outside_units=report: the target must fit beside the foreign holders it leaves running, on each of its GPUs.
+
+    gpus: [{index, total_mib, foreign_mib, foreign_pids}] from NVML. The engine takes memory_fraction of each GPU's
+    total and refuses to start where less is free (vLLM's own check), so the switch refuses first, before the drain.
+    """
+    if request.outside_units != "report" or not any(gpu["foreign_mib"] for gpu in gpus):
+        return None
+    fraction = request.memory_fraction or DEFAULT_MEMORY_FRACTION.get(request.engine)
+    if fraction is None:
+        return Check("fit", True, f"{request.engine} sizes its memory itself: the fit beside other users' GPU processes is not checked "
+                                  "(set its memory fraction for the switch to check it)", skipped=True)
+    short = []
+    for gpu in target_gpus(request, gpus):
+        if not gpu["foreign_mib"] or not gpu.get("total_mib"):
+            continue
+        needed = round(gpu["total_mib"] * fraction)
+        left = gpu["total_mib"] - gpu["foreign_mib"]
+        if needed > left:
+            short.append(f"GPU {gpu['index']}: {request.engine} needs {fraction:g} x {gpu['total_mib']} = {needed} MiB, "
+                         f"{gpu['foreign_mib']} MiB held by pid(s) {', '.join(str(pid) for pid in gpu['foreign_pids'])} leave {left} MiB")
+    if short:
+        return Check("fit", False, f"the target cannot fit beside the GPU processes outside_units=report leaves running: "
+                                   f"{'; '.join(short)}. Nothing was touched: lower its memory fraction, or free those GPUs")
+    return Check("fit", True, f"the target fits beside the GPU processes left running ({fraction:g} of each GPU)")
 
 
 def check_gpus(request: Request, nvml_count: int | None, error: str | None = None) -> Check:

@@ -44,6 +44,7 @@ OPTIONS = dict(
     outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
     gpus=dict(type="list", elements="str", default=[]),
     device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
+    memory_fraction=dict(type="float"),
 )
 
 
@@ -107,7 +108,7 @@ class NodeProbe:
             outside_units="report", owners=request.owners), reader)
         plan = holders_kill.observe(kill, lambda timeout: NvmlClient(self.load_nvml, timeout), reader)
         escaped = [target for target in plan.targets if target["placement"] != "listed_unit"]
-        return plan.foreign, escaped
+        return plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign})
 
     def free_bytes(self, path: str) -> int | None:
         try:
@@ -136,16 +137,29 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_port(request, probe.port_holders(request.port)))
     if "holders" in request.checks:
         try:
-            foreign, escaped = probe.holders(request)
+            foreign, escaped, memory_by_gpu = probe.holders(request)
         except Error as exc:
             checks.append(preflight.Check("holders", False, f"GPU holders cannot be read: {exc.msg}"))
         else:
             checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders))
+            fit = preflight.check_fit(request, memory_by_gpu)
+            if fit is not None:
+                checks.append(fit)
             holders = {"foreign": [holder_summary(h) for h in foreign], "escaped": [holder_summary(h) for h in escaped]}
     if "disk" in request.checks and request.install_dir:
         where = preflight.existing_parent(request.install_dir)
         checks.append(preflight.check_disk(request, probe.free_bytes(where), where))
     return checks, gpus, holders
+
+
+def foreign_memory(inventory: dict | None, foreign_pids: set[int]) -> list[dict]:
+    """Per GPU: its total and the memory NVML lists for the foreign holders on it."""
+    gpus = []
+    for gpu in (inventory or {}).get("gpus", []):
+        mine = [process for process in gpu.get("processes", []) if process["pid"] in foreign_pids]
+        gpus.append({"index": gpu["index"], "uuid": gpu.get("uuid"), "total_mib": gpu.get("total_mib"),
+                     "foreign_mib": sum(process.get("used_mib") or 0 for process in mine), "foreign_pids": sorted(p["pid"] for p in mine)})
+    return gpus
 
 
 def holder_summary(holder: dict) -> dict:

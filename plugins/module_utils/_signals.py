@@ -20,6 +20,7 @@ import select
 import signal
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader, survivor_details
 
@@ -61,10 +62,13 @@ class SignalOutcome:
 class Signaller:
     """The only place that sends signals; tests may subclass it to inject races."""
 
-    def __init__(self, reader: ProcReader | None = None, use_pidfd: bool | None = None, clock: Clock | None = None):
+    def __init__(self, reader: ProcReader | None = None, use_pidfd: bool | None = None, clock: Clock | None = None,
+                 journal: Journal | None = None):
         self.reader = reader or ProcReader()
         self.use_pidfd = pidfds_supported() if use_pidfd is None else use_pidfd
         self.clock = clock or Clock()
+        # every signal is recorded before it is sent and again with its outcome
+        self.journal = journal or Journal(None, "-", "-", self.reader)
 
     def open(self, identity: ProcessIdentity) -> tuple[str, ProcessHandle | None]:
         """('open', handle), ('gone', None) or ('reused', None)."""
@@ -86,7 +90,12 @@ class Signaller:
         return "open", ProcessHandle(identity, fd)
 
     def send(self, handle: ProcessHandle, signum: int) -> str:
-        """'sent', 'gone' (already exited, nothing signalled) or 'denied' (EPERM)."""
+        """'sent', 'gone' (already exited, nothing signalled) or 'denied' (EPERM), journalled before and after."""
+        record = self.journal.intent(handle.pid, handle.identity.start_time, signal.Signals(signum).name,
+                                     "pidfd" if handle.fd is not None else "kill")
+        return self.journal.outcome(record, self._send(handle, signum))["result"]
+
+    def _send(self, handle: ProcessHandle, signum: int) -> str:
         try:
             if handle.fd is not None:
                 signal.pidfd_send_signal(handle.fd, signum)
@@ -175,6 +184,12 @@ def _send_all(signaller: Signaller, handles: list[ProcessHandle], signum: int, o
 def _record(outcome: SignalOutcome, handle: ProcessHandle, signum: int, result: str) -> None:
     outcome.signals.append({"pid": handle.pid, "start_time": handle.identity.start_time,
                             "signal": signal.Signals(signum).name, "result": result})
+
+
+def journalled(signals: list[dict], journal: Journal) -> list[dict]:
+    """The result's signals with what the journal knows of each (exe, cgroup, uid, run id, times)."""
+    known = {(entry["pid"], entry["start_time"], entry["signal"], entry["result"]): entry for entry in journal.entries}
+    return [dict(known.get((sent["pid"], sent["start_time"], sent["signal"], sent["result"]), {}), **sent) for sent in signals]
 
 
 def survivor_report(reader: ProcReader, identity: ProcessIdentity, base: dict | None = None) -> dict:

@@ -22,6 +22,7 @@ import signal
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, Error, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe
@@ -325,12 +326,19 @@ class Cgroup:
         """SIGKILL everything in the group; returns the method used (and why cgroup.kill was not)."""
         refused = ""
         if self.has_kill_file:
+            # the journal names each member before the write; one forked after the listing dies with them unnamed
+            records = [signaller.journal.intent(pid, start, "SIGKILL", "cgroup.kill")
+                       for pid in self.pids() if (start := self.reader.start_time(pid)) is not None]
             try:
                 with open(os.path.join(self.directory, "cgroup.kill"), "w", encoding="ascii") as kill:
                     kill.write("1")
+                for record in records:
+                    signaller.journal.outcome(record, "sent")
                 return "cgroup.kill"
             except OSError as exc:  # threaded group (EOPNOTSUPP) or a kernel that refuses: fall back to the loop
                 refused = f" (cgroup.kill failed: {exc.strerror or exc})"
+                for record in records:
+                    signaller.journal.outcome(record, f"failed: {exc.strerror or exc}")
         self._kill_loop(signaller, deadline)
         return "signal loop" + refused
 
@@ -615,7 +623,7 @@ def stop_request(params: dict) -> StopRequest:
 
 
 def stop_unit(request: StopRequest, systemctl: Systemctl, reader: ProcReader, check_mode: bool, warn=lambda _message: None,
-              clock: Clock | None = None) -> dict:
+              clock: Clock | None = None, journal: Journal | None = None) -> dict:
     """Observe, plan and (unless check mode) stop one unit under its host lock: the result systemd_stop_hard returns.
 
     A stop that leaves survivors, or errors (a restart, a trigger that stayed up), raises CheckFailed carrying the
@@ -631,14 +639,19 @@ def stop_unit(request: StopRequest, systemctl: Systemctl, reader: ProcReader, ch
         for warning in plan.warnings:
             warn(warning)
         outcome = StopOutcome(state_after=state)
+        journal = journal or Journal(None, "-", "systemd_stop_hard", reader)
+        first_entry = len(journal.entries)
         if plan.changes and not check_mode:
-            outcome = UnitStopper(systemctl, reader, Signaller(reader), clock).run(plan, request)
+            journal.open()  # a journal that cannot be written refuses the stop before it begins
+            outcome = UnitStopper(systemctl, reader, Signaller(reader, journal=journal), clock).run(plan, request)
     result = dict(
         changed=plan.changes, unit=request.unit, found=plan.found, state_before=state.summary(),
         state_after=outcome.state_after.summary(), processes=plan.members, escalated=outcome.escalated,
         kill_method=outcome.kill_method, terminated=outcome.terminated, killed=outcome.killed, survivors=outcome.survivors,
         disabled=plan.disable and not check_mode, elapsed=clock.monotonic() - started,
         triggers_stopped=plan.triggers if check_mode else outcome.triggers_stopped,
+        # the signals this module sent itself (systemd's own stop signals are systemd's): leftovers, the escalation
+        signals=journal.entries[first_entry:], journal_path=journal.path,
     )
     if outcome.survivors:
         listed = ", ".join(f"{s['pid']} ({s.get('comm')}, state {s.get('state')})" for s in outcome.survivors)
@@ -649,7 +662,7 @@ def stop_unit(request: StopRequest, systemctl: Systemctl, reader: ProcReader, ch
 
 
 def stop_units(requests: list[StopRequest], systemctl: Systemctl, reader: ProcReader, check_mode: bool,
-               warn=lambda _message: None) -> tuple[list[dict], list[str]]:
+               warn=lambda _message: None, journal: Journal | None = None) -> tuple[list[dict], list[str]]:
     """stop_unit for each request in order, in one run; a unit that fails does not keep the next one running.
 
     Returns every unit's result (a failed one with failed and msg, and what its stop did) and the failure messages.
@@ -657,7 +670,7 @@ def stop_units(requests: list[StopRequest], systemctl: Systemctl, reader: ProcRe
     results, failures = [], []
     for request in requests:
         try:
-            results.append(stop_unit(request, systemctl, reader, check_mode, warn))
+            results.append(stop_unit(request, systemctl, reader, check_mode, warn, journal=journal))
         except Error as exc:
             results.append(dict(exc.context, unit=request.unit, failed=True, msg=exc.msg))
             failures.append(exc.msg)

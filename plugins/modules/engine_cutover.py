@@ -30,6 +30,7 @@ author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving.attributes
+  - gpufleet.serving.signal_journal
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -394,6 +395,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover a
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
@@ -452,6 +454,8 @@ ARGUMENT_SPEC = dict(
     lease_name=dict(type="str", default="switch_engine"),
     lease_owner=dict(type="str"),
     lease_seconds=dict(type="float", default=3600),
+    journal_path=dict(type="str", default=journal.DEFAULT_PATH),
+    run_id=dict(type="str"),
 )
 
 
@@ -463,6 +467,10 @@ class Node(cutover.NodeOps):
         self.params = module.params
         self.reader = reader
         self.systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+        # one journal for the teardown and the rollback's: every signal under the switch's run id
+        self.journal = journal.Journal(self.params["journal_path"] or None,
+                                       self.params["run_id"] or self.params["lease_owner"] or journal.new_run_id("engine_cutover"),
+                                       "engine_cutover", reader)
 
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(lambda: pynvml)))
@@ -486,7 +494,7 @@ class Node(cutover.NodeOps):
     def stop_units(self, units: list[str], stop_timeout: float) -> dict:
         requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
                                               disable=False, allow_protected=False, settle=self.params["settle"])) for unit in units]
-        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, False, self.module.warn)
+        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, False, self.module.warn, journal=self.journal)
         if failures:
             raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
         return {"results": results}
@@ -499,17 +507,17 @@ class Node(cutover.NodeOps):
                       owners=self.params["owners"])
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(lambda: pynvml, timeout), self.reader, self.restart_policy,
-                                         False, self.module.warn, self.module.log)
+                                         False, self.module.warn, self.module.log, journal=self.journal)
 
     def restart_policy(self, unit: str) -> tuple[str, int]:
         properties = self.systemctl.show(unit).properties
         return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
 
-    def memory(self, wait: bool) -> dict:
+    def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
         request = memory.MemoryRequest.from_params(dict(
             gpus=self.params["gpus"], expected_count=self.params["expected_gpu_count"], max_used_mib=self.params["max_used_mib"],
             max_processes=None, timeout=self.params["memory_timeout"] if wait else 0, interval=0.1, nvml_timeout=10, v1_reserve_mib=1024,
-            device_paths=self.params["device_paths"]))
+            device_paths=self.params["device_paths"], left_pids=list(left_pids)))
         if wait:
             return memory.assert_free(request, lambda: pynvml)
         try:

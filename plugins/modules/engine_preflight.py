@@ -117,6 +117,14 @@ options:
     type: list
     elements: str
     default: [/dev/nvidia*, /dev/nvidia-caps/*]
+  memory_fraction:
+    description:
+      - For the C(holders) check with O(outside_units=report) - the share of each GPU's memory the engine takes (vLLM's
+        C(--gpu-memory-utilization), SGLang's C(--mem-fraction-static)). On each GPU the engine will use (O(visible_devices),
+        else the first O(gpus_needed)), that share of the total must fit beside what the other users' processes left
+        running hold, or a C(fit) check fails naming the GPU and the figures.
+      - Default - vLLM's own default, 0.92; SGLang sizes its share itself, and the fit is then not checked.
+    type: float
   install_dir:
     description: Where an install would go (a virtualenv); used by the C(disk) check.
     type: str

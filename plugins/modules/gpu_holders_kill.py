@@ -22,15 +22,19 @@ description:
   - Never signalled, whatever the options - PID 1, kernel threads, this module's process, its ancestors (SSH session, sudo,
     C(sh -c), C(ansible-playbook) on a local connection, C(async_wrapper)) and children, the built-in protected names
     and O(protected).
-  - Holders outside the units being stopped (O(units)) that run as one of the engines' users (O(owners)) are the engines'
-    own (a worker that escaped its unit) and are killed with them; every other holder outside the units is foreign and
-    handled by O(outside_units) - killed, reported or refused. The main process of another service that systemd restarts
-    is never killed alone.
+  - The scope of a run is decided by evidence the holder cannot forge - its control group (a process of one of O(units),
+    including one left in the unit's group after the unit stopped) or its user (one of O(owners), the engines' dedicated
+    users, a worker that escaped its unit). Command lines are never evidence. Every other holder is foreign and
+    handled by O(outside_units) - refused by default, killed or reported on request. The main process of another
+    service that systemd restarts is never killed alone.
+  - Every signal is journalled before it is sent and again with its outcome (RV(signals)), in the module result and
+    appended to a node-local file (O(journal_path)) that outlives the module and its controller.
   - Fails when any target survives O(kill_timeout) after SIGKILL, for example a process in uninterruptible sleep (D state).
 author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving.attributes
+  - gpufleet.serving.signal_journal
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -111,16 +115,18 @@ options:
       - What to do with unprotected holders outside O(units), each reported with its C(placement) - in another service
         (named, with its C(restart) setting), a login session's scope (a shell or C(nohup) over SSH), a container's scope,
         or elsewhere (a transient scope, no unit).
+      - V(fail) (the default) signals nothing at all and fails, listing them in RV(outside) - a holder outside the
+        request's scope is never killed unasked.
       - V(kill) signals them too, for the dedicated inference node where nothing else may hold a GPU.
-      - V(report) leaves them running and lists them in RV(outside); the task succeeds (a memory assertion after it will
-        then name the GPUs they hold).
-      - V(fail) signals nothing at all and fails, listing them in RV(outside).
+      - V(report) leaves them running and lists them in RV(outside); the task succeeds. Pass their PIDs to
+        M(gpufleet.serving.gpu_memory_assert)'s O(gpufleet.serving.gpu_memory_assert#module:left_pids) so that the memory
+        they keep is not counted against what the engine released.
       - A holder that is the main process of another service whose C(Restart=) is not C(no) is never killed alone,
         since systemd would start it again - with V(kill) the task fails naming that unit and signals nothing (the holder
         is listed in RV(restarting)); add the unit to O(units) to stop it with the rest.
     type: str
     choices: [kill, report, fail]
-    default: kill
+    default: fail
   owners:
     description:
       - The engines' users (names or uids). A holder outside O(units) that runs as one of them is the engines' own - a
@@ -167,8 +173,9 @@ seealso:
 
 EXAMPLES = r"""
 ---
-- name: Free every GPU of the node
+- name: Free every GPU of the node, whoever holds it (a dedicated inference node)
   gpufleet.serving.gpu_holders_kill:
+    outside_units: kill
   become: true
 
 - name: Free GPUs 6 and 7 only, addressed by NVML index and UUID, with a short grace period
@@ -332,7 +339,7 @@ ambiguous:
 outside:
   description:
     - Foreign holders (outside O(units), not of O(owners)) that were left running (O(outside_units=report)) or that
-      failed the task (O(outside_units=fail)); empty with V(kill).
+      failed the task (O(outside_units=fail), the default); empty with V(kill).
   returned: always
   type: list
   elements: dict
@@ -355,10 +362,17 @@ not_signalled:
   type: list
   elements: dict
 signals:
-  description: Audit trail of every signal sent, with pid, start time, signal name and result (sent, gone, denied).
+  description:
+    - Audit trail of every signal sent, with pid, start time, signal name and result (sent, gone, denied), and from the
+      journal the process's exe, cgroup, uid and comm, how it was sent (C(via) - pidfd, kill), O(run_id) and the times
+      of the intent and the outcome.
   returned: always
   type: list
   elements: dict
+journal_path:
+  description: The journal file the signals were appended to (null when O(journal_path) is empty).
+  returned: always
+  type: str
 unreadable:
   description: Counts of /proc entries that could not be read, by reason.
   returned: always
@@ -377,6 +391,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -403,8 +418,10 @@ ARGUMENT_SPEC = dict(
     nvml_timeout=dict(type="float", default=10),
     lock_timeout=dict(type="float", default=60),
     units=dict(type="list", elements="str", default=[]),
-    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="kill"),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
     owners=dict(type="list", elements="str", default=[]),
+    journal_path=dict(type="str", default=journal.DEFAULT_PATH),
+    run_id=dict(type="str"),
 )
 
 
@@ -433,8 +450,10 @@ def main() -> None:
         if request.needs_nvml and pynvml is None:
             module.fail_json(msg=missing_required_lib("nvidia-ml-py", reason="to query NVML (or set sources: [proc] without gpus)"),
                              exception=PYNVML_IMPORT_ERROR)
+        signals_journal = journal.Journal(module.params["journal_path"] or None, module.params["run_id"] or journal.new_run_id("gpu_holders_kill"),
+                                          "gpu_holders_kill", reader)
         result = holders_kill.kill_holders(request, nvml_client, reader, restart_policy(module), module.check_mode,
-                                           module.warn, module.log)
+                                           module.warn, module.log, journal=signals_journal)
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
     module.exit_json(**result)

@@ -67,6 +67,17 @@ options:
     description: Seconds one NVML reading may take before the module fails with C(nvml_hung).
     type: float
     default: 10
+  left_pids:
+    description:
+      - Processes left running on purpose - the foreign holders that M(gpufleet.serving.gpu_holders_kill) reported and
+        left with O(gpufleet.serving.gpu_holders_kill#module:outside_units=report), its RV(gpufleet.serving.gpu_holders_kill#module:outside).
+        The memory NVML lists for them on a GPU is not counted against the thresholds (nor they against O(max_processes)),
+        so the assertion judges what the engine released. RV(gpus[].left_mib) says how much was not counted.
+      - A left process whose memory NVML does not report (null in its process list) cannot be discounted - the GPU is
+        judged on all it uses.
+    type: list
+    elements: int
+    default: []
   v1_reserve_mib:
     description:
       - MiB subtracted from C(used) when only NVML's v1 memory query exists, since v1 counts the driver reserve as used
@@ -153,7 +164,10 @@ gpus:
       description: V(v2), or V(v1) when the v2 query is missing.
       type: str
     compared_used_mib:
-      description: The used figure compared with O(max_used_mib).
+      description: The used figure compared with O(max_used_mib) - less the memory of O(left_pids) on this GPU.
+      type: int
+    left_mib:
+      description: MiB NVML lists on this GPU for the processes of O(left_pids), not counted; null when none of them is on it.
       type: int
     processes:
       description: Processes NVML lists (pid, used_mib, type).
@@ -223,6 +237,7 @@ ARGUMENT_SPEC = dict(
     nvml_timeout=dict(type="float", default=10),
     v1_reserve_mib=dict(type="int", default=1024),
     device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
+    left_pids=dict(type="list", elements="int", default=[]),
 )
 
 

@@ -28,6 +28,7 @@ author:
   - gpufleet.serving contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.serving.attributes
+  - gpufleet.serving.signal_journal
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -192,6 +193,18 @@ warnings:
   returned: when any (in each of RV(units) with O(names))
   type: list
   elements: str
+signals:
+  description:
+    - The signals this module sent itself, each journalled before it was sent (O(journal_path)) - SIGTERM and SIGCONT
+      to leftovers of C(KillMode=process/none), the SIGKILL of the escalation (C(via) - C(cgroup.kill), pidfd, kill) -
+      with pid, start time, exe, cgroup, uid, result and O(run_id). The signals systemd sends on C(stop) are its own.
+  returned: with O(name); in each of RV(units) with O(names)
+  type: list
+  elements: dict
+journal_path:
+  description: The journal file the signals were appended to (null when O(journal_path) is empty).
+  returned: with O(name); in each of RV(units) with O(names)
+  type: str
 elapsed:
   description: Seconds the module took.
   returned: always
@@ -202,6 +215,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -216,6 +230,8 @@ ARGUMENT_SPEC = dict(
     disable=dict(type="bool", default=False),
     allow_protected=dict(type="bool", default=False),
     stop_triggers=dict(type="bool", default=False),
+    journal_path=dict(type="str", default=journal.DEFAULT_PATH),
+    run_id=dict(type="str"),
 )
 
 
@@ -228,9 +244,12 @@ def main() -> None:
         names = [module.params["name"]] if module.params["names"] is None else list(dict.fromkeys(module.params["names"]))
         requests = [systemd.stop_request(dict(module.params, name=name)) for name in names]
         systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+        reader = ProcReader()
+        signals_journal = journal.Journal(module.params["journal_path"] or None,
+                                          module.params["run_id"] or journal.new_run_id("systemd_stop_hard"), "systemd_stop_hard", reader)
         if module.params["names"] is None:
-            module.exit_json(**systemd.stop_unit(requests[0], systemctl, ProcReader(), module.check_mode, module.warn))
-        results, failures = systemd.stop_units(requests, systemctl, ProcReader(), module.check_mode, module.warn)
+            module.exit_json(**systemd.stop_unit(requests[0], systemctl, reader, module.check_mode, module.warn, journal=signals_journal))
+        results, failures = systemd.stop_units(requests, systemctl, reader, module.check_mode, module.warn, journal=signals_journal)
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
     result = dict(changed=any(unit.get("changed") for unit in results), units=results, elapsed=time.monotonic() - started)

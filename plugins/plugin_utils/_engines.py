@@ -410,6 +410,8 @@ def engine_facts(config: dict, engine: str) -> dict:
         "draft_model_path": spec["draft_model_path"] if spec else None,
         "gpus_needed": (read.number("tensor_parallel_size", minimum=1) or 1) * (read.number("data_parallel_size", minimum=1) or 1),
         "visible_devices": str(environment["CUDA_VISIBLE_DEVICES"]) if "CUDA_VISIBLE_DEVICES" in environment else None,
+        # the share of each GPU it takes, for the fit beside other users' GPU processes (None: the engine's default)
+        "memory_fraction": read.number("memory_fraction", float),
         "install": install,
         "install_dir": read.text("virtualenv") if install else None,
         **_virtualenvs(read, install),

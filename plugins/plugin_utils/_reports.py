@@ -67,7 +67,9 @@ def unit_summary(result: dict) -> dict:
 
 
 def gpu_summary(gpu: dict) -> dict:
-    return {"index": gpu.get("index"), "uuid": gpu.get("uuid"), "used_mib": gpu.get("used_mib"), "clean": gpu.get("clean")}
+    # left_mib: memory of holders left running on purpose (outside_units=report), not counted against the engines
+    return {"index": gpu.get("index"), "uuid": gpu.get("uuid"), "used_mib": gpu.get("used_mib"), "clean": gpu.get("clean"),
+            "left_mib": gpu.get("left_mib")}
 
 
 def failure_reason(result: dict | None) -> str:
@@ -109,8 +111,20 @@ def teardown_host_report(steps: dict) -> dict:
         "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
         "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
         "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
+        # who ran it, under which lease, and every signal it sent as the node's journal recorded it
+        "run_id": steps.get("run_id"),
+        "lease": _lease_summary(steps.get("lease")),
+        "signals": [signal for unit in (steps.get("units") or {}).get("results") or [] for signal in unit.get("signals") or []]
+                   + list(holders.get("signals") or []),
     }
     return report
+
+
+def _lease_summary(lease: dict | None) -> dict | None:
+    """The node's lease as the teardown took it: its owner, how long it waited, a dead run's lease it took over."""
+    if not lease or lease.get("skipped") or not lease.get("holder"):
+        return None
+    return {"owner": lease["holder"].get("owner"), "waited": lease.get("waited"), "recovered": lease.get("recovered")}
 
 
 def _teardown_processes(teardown: dict | None, kind: str) -> list[dict]:

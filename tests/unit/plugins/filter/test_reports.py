@@ -238,7 +238,7 @@ def test_the_plan_separates_the_units_processes_from_other_holders():
     plan = report["plan"]
     assert plan["units_to_stop"] == ["vllm.service"] and plan["unit_processes"] == 1 and plan["running_requests"] == 2.0
     assert [p["pid"] for p in plan["processes_to_signal"]] == [51]
-    assert plan["gpus"] == [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False}]
+    assert plan["gpus"] == [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False, "left_mib": None}]
     assert report["killed"] == [] and report["terminated"] == [], "check mode killed nothing"
     table = reports.switch_table(reports.switch_run_report({"node2": report}, {"check_mode": True}))
     assert "node2: would drain 2 running request(s), stop vllm.service (1 GPU process(es) in them), signal 1 other GPU process(es)" in table

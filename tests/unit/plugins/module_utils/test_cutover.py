@@ -29,8 +29,9 @@ class Clock:
 class Node(cutover.NodeOps):
     """Records each call; each step takes `cost` seconds of the driven clock; `failures` makes a step raise."""
 
-    def __init__(self, clock, failures=None, drained=True, costs=None):
+    def __init__(self, clock, failures=None, drained=True, costs=None, left=()):
         self.clock, self.failures, self.drained = clock, dict(failures or {}), drained
+        self.left = list(left)  # holders the holders step reports and leaves (outside_units=report)
         self.costs = {"drain": 0.2, "stop_units": 0.3, "kill_holders": 0.05, "memory": 0.02, "start": 0.01, "wait_ready": 2.0, **(costs or {})}
         self.calls = []
 
@@ -65,10 +66,11 @@ class Node(cutover.NodeOps):
 
     def kill_holders(self, units):
         self._step("kill_holders", tuple(units))
-        return {"killed": [], "terminated": [], "targets": []}
+        return {"killed": [], "terminated": [], "targets": [], "outside": [{"pid": pid, "comm": "train.py"} for pid in self.left]}
 
-    def memory(self, wait):
+    def memory(self, wait, left_pids=()):
         self._step("memory", wait)
+        self.calls[-1] += (tuple(left_pids),) if left_pids else ()
         return {"gpus": [{"index": 0, "used_mib": 0 if wait else 70000, "clean": wait}], "passed": wait}
 
     def reset_failed(self, units):
@@ -172,11 +174,11 @@ def test_a_rollback_that_fails_too_is_reported_loudly_not_raised():
     node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("did not serve")})
     memory = node.memory
 
-    def memory_failing_in_rollback(wait):
+    def memory_failing_in_rollback(wait, left_pids=()):
         if wait and any(call[0] == "wait_ready" for call in node.calls):
             node.calls.append(("memory", wait))
             raise not_free
-        return memory(wait)
+        return memory(wait, left_pids)
 
     node.memory = memory_failing_in_rollback
     result = run(node, clock)
@@ -361,3 +363,17 @@ def test_files_that_cannot_be_written_end_the_cutover_before_the_drain():
     assert [call[0] for call in node.calls] == ["preflight", "write_files"], "the previous engine was never drained or stopped"
     assert result["result"] == "failed" and result["reason"] == "stage: the target's files: /etc/systemd/system/sglang.service: Read-only file system"
     assert [mark[0] for mark in result["marks"]] == ["preflight", "stage", "end"]
+
+
+@pytest.mark.covers("E6")
+def test_holders_reported_and_left_are_not_counted_by_either_memory_assertion_forward_or_in_the_rollback():
+    """outside_units=report: the foreign job the holders step left is passed to the memory assertion after it, in the
+    switch and in its rollback, so that neither waits for (or fails on) memory that was never the engine's."""
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("did not serve")}, left=[4242, 4343])
+    result = run(node, clock)
+    assert result["result"] == "rolled_back"
+    waits = [call for call in node.calls if call[:2] == ("memory", True)]
+    assert waits == [("memory", True, (4242, 4343))] * 2, "forward and rollback assertions both discount the left holders"
+    before = [call for call in node.calls if call[:2] == ("memory", False)]
+    assert before and all(len(call) == 2 for call in before), "the reading before the teardown counts everything"

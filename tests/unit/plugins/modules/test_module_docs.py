@@ -17,8 +17,14 @@ TYPE_NAMES = {"str": "str", "float": "float", "int": "int", "bool": "bool", "lis
 
 
 def load(name: str):
+    """A module's documentation with the options of the collection's own fragments merged in, as ansible-doc shows it."""
     module = importlib.import_module(f"ansible_collections.gpufleet.serving.plugins.modules.{name}")
-    return module, yaml.safe_load(module.DOCUMENTATION), yaml.safe_load(module.EXAMPLES), yaml.safe_load(module.RETURN)
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    for fragment in doc.get("extends_documentation_fragment", []):
+        if fragment.startswith("gpufleet.serving."):
+            own = importlib.import_module(f"ansible_collections.gpufleet.serving.plugins.doc_fragments.{fragment.split('.')[-1]}")
+            doc["options"] = dict(yaml.safe_load(own.ModuleDocFragment.DOCUMENTATION).get("options") or {}, **doc["options"])
+    return module, doc, yaml.safe_load(module.EXAMPLES), yaml.safe_load(module.RETURN)
 
 
 @pytest.mark.parametrize("name", MODULES)
