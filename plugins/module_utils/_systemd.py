@@ -309,18 +309,32 @@ class Cgroup:
                 continue
         return described
 
+    def populated(self) -> bool | None:
+        """cgroup.events' word on the group and its sub-groups (v2); None where the file is not (v1), or the group gone."""
+        try:
+            with open(os.path.join(self.directory, "cgroup.events"), encoding="ascii") as handle:
+                text = handle.read()
+        except (FileNotFoundError, NotADirectoryError, TypeError):
+            return None
+        return "populated 1" in text
+
     def empty(self) -> bool:
-        if self.directory is None:
+        """No process in the group: on v2 only when the kernel says so. 'populated 1' with no process listed (one of
+        another PID namespace, or the last one leaving) is re-read once and is not empty while it stays."""
+        if self.directory is None or not os.path.isdir(self.directory):
             return True
-        events = os.path.join(self.directory, "cgroup.events")
-        if os.path.exists(events):
-            try:
-                with open(events, encoding="ascii") as handle:
-                    if "populated 0" in handle.read():
-                        return True
-            except FileNotFoundError:
-                return True
-        return not self.pids()
+        populated = self.populated()
+        if populated is None:
+            return not self.pids()
+        if not populated:
+            return True
+        if self.pids():
+            return False
+        return not self.populated()  # the last process may have left between the two reads
+
+    def unlisted(self) -> bool:
+        """The kernel says the group is populated but no process of it can be listed from here."""
+        return self.directory is not None and bool(self.populated()) and not self.pids()
 
     def kill_all(self, signaller: Signaller, deadline: Deadline) -> str:
         """SIGKILL everything in the group; returns the method used (and why cgroup.kill was not)."""
@@ -533,6 +547,10 @@ class UnitStopper:
         outcome.terminated = [m for key, m in initial.items() if key not in killed_keys and not self._alive(key)]
         outcome.survivors = [survivor_report(self.reader, ProcessIdentity(pid, self.reader.start_time(pid) or 0), self._describe(pid))
                              for pid in self.cgroup(state, group_path).pids()]
+        final_group = self.cgroup(state, group_path)
+        if not outcome.survivors and final_group.unlisted():
+            outcome.errors.append(f"{plan.unit}: its control group {final_group.directory} is still populated (cgroup.events: populated 1) "
+                                  "but lists no process this module can see (a process of another PID namespace?): not empty")
         if not state.inactive:
             outcome.errors.append(f"{plan.unit} is {state.active_state} after the stop")
         outcome.state_after = self._check_restart(plan.unit, state, plan.state.restart_marks, request, outcome)

@@ -27,7 +27,14 @@ MODULE = "gpu_holders_kill"
 
 
 def kill_args(devices, **extra) -> dict:
-    return {"device_paths": devices.globs, "term_timeout": 5, "kill_timeout": 5, **extra}
+    """The dedicated node's request (outside_units=kill: every holder is in scope), its journal in the test's directory;
+    the default scope (fail) has tests of its own."""
+    return {"device_paths": devices.globs, "term_timeout": 5, "kill_timeout": 5, "outside_units": "kill",
+            "journal_path": journal_of(devices), **extra}
+
+
+def journal_of(devices) -> str:
+    return str(devices.root.parent / "journal" / "signals.jsonl")
 
 
 def pids_of(entries: list[dict]) -> set[int]:
@@ -490,7 +497,7 @@ def holders_in_units(devices, processes, unit_groups) -> dict[str, int]:
 @pytest.mark.covers('G25')
 def test_each_holder_is_placed_by_the_unit_it_runs_in(devices, processes, nvml_env, unit_groups):
     """G25: in a unit being stopped, in another service (named, with its Restart=), in a login session, in a container,
-    elsewhere; with the default outside_units=kill every one is a target."""
+    elsewhere; with outside_units=kill (the dedicated node) every one is a target."""
     placed = holders_in_units(devices, processes, unit_groups)
     _helper, (loose,) = processes.holder("--open", devices.gpu(3))  # this test's own cgroup: no unit
     plan = run_module(MODULE, kill_args(devices, units=["vllm.service"]), check_mode=True, env=nvml_env)
@@ -804,3 +811,74 @@ def test_a_pid_reused_between_the_scan_and_the_signal_is_never_signalled(devices
     result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=use_pidfd))
     assert result["not_signalled"] == [{"pid": pid, "start_time": plan.targets[0]["start_time"], "reason": "pid reused by another process"}]
     assert result["signals"] == [] and newcomer.poll() is None
+
+
+@pytest.mark.covers('G6', 'E6')
+def test_by_default_another_users_holder_refuses_the_run_and_nothing_is_signalled(devices, processes, nvml_env, unit_groups):
+    """G6, E6 (fail closed is the default): given no outside_units, a job of another user in an SSH session refuses the
+    run - in check mode and for real - naming it; not even the engine's own holder is signalled."""
+    placed = holders_by_owner(devices, processes, unit_groups)
+    args = {key: value for key, value in kill_args(devices, units=["vllm.service"], owners=["daemon"]).items() if key != "outside_units"}
+    for check_mode in (True, False):
+        refused = run_module(MODULE, args, check_mode=check_mode, env=nvml_env)
+        assert refused.rc != 0 and refused["signals"] == []
+        assert f"pid {placed['foreign']} python of user nobody in session-42.scope (session)" in refused["msg"]
+        assert "outside_units is fail: nothing was signalled" in refused["msg"]
+        assert pids_of(refused["foreign"]) == {placed["foreign"]}
+    assert all(alive(pid) for pid in placed.values())
+    assert not os.path.exists(journal_of(devices)), "nothing signalled, nothing journalled"
+
+
+def journal_lines(devices) -> list[dict]:
+    try:
+        with open(journal_of(devices), encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle]
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.covers('G33', 'E9')
+def test_a_module_killed_between_two_signals_leaves_the_first_signals_record_on_the_node(devices, processes, nvml_env):
+    """G33, E9: the journal line of a signal is on the node before the signal is sent. Two holders ignore SIGTERM; the
+    module is SIGKILLed while it waits to send SIGKILL: the journal holds SIGTERM and SIGCONT for both (pid, start time,
+    exe, cgroup, uid, run id, outcome) and no SIGKILL; a plain rerun converges and journals its own signals."""
+    _first, (first,) = processes.holder("--open", devices.gpu(0), "--ignore-term")
+    _second, (second,) = processes.holder("--open", devices.gpu(1), "--ignore-term")
+    module = start_module(MODULE, kill_args(devices, term_timeout=60, run_id="run-interrupted"), env=nvml_env)
+    try:
+        wait_for(lambda: len([line for line in journal_lines(devices) if line["phase"] == "outcome"]) == 4,
+                 "the module never journalled SIGTERM and SIGCONT for both holders", timeout=30)
+        module.kill()
+    finally:
+        module.wait()
+    lines = journal_lines(devices)
+    assert [(line["phase"], line["signal"]) for line in lines if line["pid"] == first] == [
+        ("intent", "SIGTERM"), ("outcome", "SIGTERM"), ("intent", "SIGCONT"), ("outcome", "SIGCONT")]
+    assert {line["pid"] for line in lines} == {first, second}, "only the planned holders were signalled"
+    intent = next(line for line in lines if line["pid"] == second and line["phase"] == "intent")
+    assert intent["run_id"] == "run-interrupted" and intent["module"] == MODULE
+    assert intent["start_time"] == ProcReader().start_time(second) and intent["uid"] == os.getuid()
+    assert intent["exe"] == os.path.realpath(sys.executable) and intent["cgroup"] == ProcReader().cgroup(second)
+    assert all(line["result"] == "sent" for line in lines if line["phase"] == "outcome")
+    assert alive(first) and alive(second), "SIGKILL was never sent"
+
+    rerun = run_module(MODULE, kill_args(devices, term_timeout=0.2, run_id="run-rerun"), env=nvml_env)
+    assert rerun["changed"] is True and pids_of(rerun["killed"]) == {first, second}
+    assert not alive(first) and not alive(second)
+    assert [line["signal"] for line in journal_lines(devices) if line["run_id"] == "run-rerun" and line["phase"] == "intent"] == [
+        "SIGTERM", "SIGTERM", "SIGCONT", "SIGCONT", "SIGKILL", "SIGKILL"]
+    # the result carries the journal's record of each signal
+    assert {(entry["pid"], entry["signal"], entry["exe"]) for entry in rerun["signals"]} >= {(first, "SIGKILL", os.path.realpath(sys.executable))}
+    assert rerun["journal_path"] == journal_of(devices)
+
+
+def test_a_journal_that_cannot_be_written_refuses_the_run_before_any_signal(devices, processes, nvml_env, tmp_path):
+    """Rule 12: no signal without its record. The journal's directory is a regular file: the run fails naming the path,
+    and the holder was never signalled."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0))
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    result = run_module(MODULE, kill_args(devices, journal_path=str(blocker / "signals.jsonl")), env=nvml_env)
+    assert result.failed and f"the signal journal {blocker / 'signals.jsonl'} cannot be written" in result["msg"]
+    assert "nothing was signalled" in result["msg"]
+    assert alive(pid) and not is_stopped(pid)

@@ -334,3 +334,37 @@ def test_leaked_allocation_without_holder_stays_until_removed(devices, sim, nvml
     assert run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)["dirty"] == [0]
     leak.unlink()
     assert run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)["passed"] is True
+
+
+@pytest.mark.covers('E6')
+def test_memory_of_a_holder_left_running_on_purpose_is_not_counted(devices, sim, processes, nvml_env):
+    """E6 (report): another user's job keeps 8000 MiB on GPU 2, and the engine left 300 MiB there. Naming the job in
+    left_pids judges what the engine released (300 MiB: clean, left_mib 8000); without it the GPU is dirty; and the
+    engine's own leftover above the threshold still fails the GPU, with the discount named."""
+    _job, (job,) = processes.holder("--open", devices.gpu(2))
+    sim.allocate(2, 8000, holders=[job])
+    engine_left = sim.allocate(2, 300, holders=[], leak=True)
+    counted = run_module(MODULE, assert_args(devices, timeout=0), env=nvml_env)
+    assert counted.failed and counted["dirty"] == [2]
+    discounted = run_module(MODULE, assert_args(devices, timeout=0, left_pids=[job]), env=nvml_env)
+    assert discounted["passed"] is True, discounted.result
+    gpu = next(gpu for gpu in discounted["gpus"] if gpu["index"] == 2)
+    assert (gpu["used_mib"], gpu["left_mib"], gpu["compared_used_mib"]) == (8300, 8000, 300)
+    engine_left.unlink()
+    sim.allocate(2, 4000, holders=[], leak=True)
+    still = run_module(MODULE, assert_args(devices, timeout=0, left_pids=[job]), env=nvml_env)
+    assert still.failed and still["dirty"] == [2]
+    assert "4000 MiB used > max_used_mib" in still["msg"] and f"8000 MiB of left holder(s) {job} not counted" in still["msg"]
+
+
+@pytest.mark.covers('M16')
+@pytest.mark.parametrize(("args", "message"), [({"left_pids": [1]}, "left_pids: 1 is not a process id"),
+                                                ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
+                                                ({"max_used_percent": 120.0}, "max_used_percent: must be a share of each GPU's memory from 0 to 100")])
+def test_bad_thresholds_are_refused_before_nvml_is_polled(devices, sim, nvml_env, args, message):
+    """M16: invalid input is refused before the first NVML call - proven by an NVML whose init hangs: a module that
+    polled first would time out on it (nvml_hung), not name the bad value."""
+    sim.fault("nvmlInitWithFlags", "hang")
+    result = run_module(MODULE, assert_args(devices, timeout=5, nvml_timeout=2, **args), env=nvml_env, timeout=60)
+    assert result.failed and message in result["msg"], result.result
+    assert "classification" not in result.result and result["elapsed"] < 1.5

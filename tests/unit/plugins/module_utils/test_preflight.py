@@ -11,6 +11,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import
     Request,
     check_disk,
     check_executable,
+    check_fit,
     check_gpus,
     check_model,
     check_port,
@@ -116,3 +117,26 @@ def test_prewarm_stops_at_its_time_limit(tmp_path):
     assert not finished and done == prewarm.BLOCK, "one block per tick: the limit is checked before every read"
     done, _seconds, finished = prewarm.read_into_cache([(str(path), 3 * prewarm.BLOCK)], timeout=60)
     assert finished and done == 3 * prewarm.BLOCK
+
+
+def gpus_beside(foreign_mib: dict[int, int], total_mib: int = 81559) -> list[dict]:
+    return [{"index": index, "uuid": f"GPU-{index}", "total_mib": total_mib, "foreign_mib": foreign_mib.get(index, 0),
+             "foreign_pids": [4242] if foreign_mib.get(index) else []} for index in range(8)]
+
+
+def test_with_report_the_target_must_fit_beside_the_processes_left_running_on_each_of_its_gpus():
+    """outside_units=report: another user's 8000 MiB on GPU 1 leaves 73559 MiB; vLLM's default 0.92 of 81559 MiB is
+    75034 MiB: refused before the drain, with the figures. At 0.85 it fits; a job on a GPU the target does not use
+    (visible devices 0,2) is no concern; SGLang sizes itself: not checked, said so; fail and kill never ask."""
+    refused = check_fit(request(outside_units="report", gpus_needed=2), gpus_beside({1: 8000}))
+    assert not refused.passed and refused.name == "fit"
+    assert "GPU 1: vllm needs 0.92 x 81559 = 75034 MiB, 8000 MiB held by pid(s) 4242 leave 73559 MiB" in refused.detail
+    assert "Nothing was touched" in refused.detail
+    assert check_fit(request(outside_units="report", gpus_needed=2, memory_fraction=0.85), gpus_beside({1: 8000})).passed
+    assert check_fit(request(outside_units="report", gpus_needed=2, visible_devices="0,2"), gpus_beside({1: 8000})).passed
+    sglang = check_fit(request(engine="sglang", outside_units="report"), gpus_beside({1: 8000}))
+    assert sglang.passed and sglang.skipped and "not checked" in sglang.detail
+    assert check_fit(request(outside_units="fail"), gpus_beside({1: 8000})) is None
+    assert check_fit(request(outside_units="report"), gpus_beside({})) is None
+    with pytest.raises(InvalidInput, match="memory_fraction: must be more than 0 and at most 1, got 1.5"):
+        request(memory_fraction=1.5)

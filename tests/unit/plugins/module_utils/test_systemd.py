@@ -6,6 +6,7 @@ The stop loop runs against real processes and real signals, with systemd replace
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -503,3 +504,64 @@ def test_set_boot_reads_a_missing_unit_as_not_found_and_names_other_failures():
     assert systemctl.unit_file_state("gone.service") == "not-found"
     with pytest.raises(systemd.CommandFailed, match="Access denied"):
         systemctl.unit_file_state("y.service")
+
+
+def cgroup_dir(tmp_path, events: str | None, procs: list[int]) -> systemd.Cgroup:
+    """A control group's files as the kernel shows them: cgroup.events on v2 only."""
+    directory = tmp_path / f"engine-{len(list(tmp_path.iterdir()))}.service"
+    directory.mkdir()
+    (directory / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in procs))
+    if events is not None:
+        (directory / "cgroup.events").write_text(f"populated {events}\nfrozen 0\n")
+    return systemd.Cgroup(str(directory), ProcReader())
+
+
+@pytest.mark.covers('S9')
+def test_a_group_the_kernel_calls_populated_is_not_empty_even_when_it_lists_no_process(tmp_path, unit_processes):
+    """Rule 4: cgroup.events is the kernel's word. 'populated 1' with an empty cgroup.procs (a process of another PID
+    namespace, or one leaving) is not empty and is named as unlisted; 'populated 0' is empty; v1 (no events file)
+    goes by the listed processes."""
+    assert not cgroup_dir(tmp_path, "1", []).empty() and cgroup_dir(tmp_path, "1", []).unlisted()
+    assert cgroup_dir(tmp_path, "0", []).empty() and not cgroup_dir(tmp_path, "0", []).unlisted()
+    member = unit_processes()
+    assert not cgroup_dir(tmp_path, "1", [member.pid]).empty() and not cgroup_dir(tmp_path, "1", [member.pid]).unlisted()
+    assert not cgroup_dir(tmp_path, None, [member.pid]).empty()
+    assert cgroup_dir(tmp_path, None, []).empty()
+
+
+def test_a_stop_that_leaves_a_populated_group_with_no_process_listed_fails_naming_the_group(tmp_path, unit_processes):
+    """Rule 4 in the stop: the unit's one process exits on SIGTERM, but its group still says 'populated 1' with nothing
+    listed: the stop fails naming the group's path, instead of reporting an empty group."""
+    fake = FakeSystemd([unit_processes()])
+    ghost = cgroup_dir(tmp_path, "1", [])
+    request = systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False)
+    state = fake.show("engine.service")
+    plan = systemd.plan_stop(request, state, FakeCgroup(fake), protected_pids=set(), trigger_states={})
+    outcome = systemd.UnitStopper(fake, ProcReader(), RecordingSignaller(fake.calls), locate=lambda path, reader: ghost).run(plan, request)
+    assert outcome.survivors == [] and not alive(fake.members[0].pid)
+    assert any(f"its control group {ghost.directory} is still populated (cgroup.events: populated 1)" in error for error in outcome.errors)
+
+
+@pytest.mark.covers('S7')
+def test_the_escalation_journals_each_sigkill_before_it_is_sent(tmp_path, unit_processes):
+    """Rule 12 for systemd_stop_hard: SIGTERM ignorers are SIGKILLed at the deadline, and the node's journal holds an
+    intent line for each before its outcome, with exe, cgroup, uid and the run id."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+
+    fake = FakeSystemd([unit_processes(ignore_term=True), unit_processes(ignore_term=True)])
+    path = tmp_path / "journal" / "signals.jsonl"
+    journal = Journal(str(path), "run-7", "systemd_stop_hard")
+    request = systemd.StopRequest("engine.service", 0.3, 5.0, False, False, False, 0.0, False)
+    state = fake.show("engine.service")
+    cgroup = FakeCgroup(fake)
+    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states={})
+    signaller = Signaller(ProcReader(), journal=journal)
+    outcome = systemd.UnitStopper(fake, ProcReader(), signaller, locate=lambda path, reader: cgroup).run(plan, request)
+    assert outcome.escalated and outcome.survivors == []
+    lines = read(str(path), "run-7")
+    pids = {proc.pid for proc in fake.members}
+    for pid in pids:
+        mine = [(line["phase"], line["signal"]) for line in lines if line["pid"] == pid]
+        assert mine == [("intent", "SIGKILL"), ("outcome", "SIGKILL")], mine
+    assert all(line["exe"] == os.path.realpath(sys.executable) and line["uid"] == os.getuid() and line["cgroup"] for line in lines)
+    assert {entry["pid"] for entry in journal.entries} == pids and all(entry["result"] == "sent" for entry in journal.entries)
