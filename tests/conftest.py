@@ -45,6 +45,8 @@ import nvml_sim  # noqa: E402
 import tree_state  # noqa: E402
 
 _TREE_BEFORE: set[str] | None = None
+# catalogue case -> the outcomes of the tests that declare it (covers marker), this session
+_CASE_OUTCOMES: dict[str, list[tuple[str, str]]] = {}
 
 
 # On in `make unit`/`make test`/`make stress` (GPUFLEET_TREE_GUARD=1), off for a pytest run by hand: a file a developer
@@ -67,6 +69,28 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_SECONDS))
 
 
+def pytest_runtest_logreport(report) -> None:
+    """Note, per catalogue case, whether each of its tests ran or was skipped (and why)."""
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        cases = getattr(report, "catalogue_cases", ())
+        outcome = "skipped: " + str(report.longrepr[-1]) if report.skipped and isinstance(report.longrepr, tuple) else report.outcome
+        for case in cases:
+            _CASE_OUTCOMES.setdefault(case, []).append((report.nodeid, outcome))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    marker = item.get_closest_marker("covers")
+    outcome.get_result().catalogue_cases = tuple(marker.args) if marker else ()
+
+
+def skipped_cases() -> dict[str, list[tuple[str, str]]]:
+    """Cases whose every test this session declared covered was skipped: not covered on this machine."""
+    return {case: outcomes for case, outcomes in sorted(_CASE_OUTCOMES.items())
+            if outcomes and all(outcome.startswith("skipped") for _test, outcome in outcomes)}
+
+
 def pytest_sessionstart(session) -> None:
     global _TREE_BEFORE
     _TREE_BEFORE = tree_state.status() if TREE_GUARD else None
@@ -79,6 +103,18 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             "FAILED: the tests wrote into the working tree (write under build/ or tmp_path):\n  " + "\n  ".join(written), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # the catalogue map counts a case covered by its tests' markers; a case whose tests all skipped here was not
+    # tested here: named, and in the gate (GPUFLEET_TREE_GUARD, make unit / make test) a failure
+    skipped = skipped_cases()
+    if skipped:
+        lines = [f"{case}: " + "; ".join(f"{test} ({outcome})" for test, outcome in outcomes) for case, outcomes in skipped.items()]
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line("")
+        reporter.write_line(
+            "CATALOGUE CASES NOT TESTED ON THIS MACHINE (every test of each was skipped; make setup installs what they need):\n  "
+            + "\n  ".join(lines), red=True)
+        if TREE_GUARD:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -735,20 +735,19 @@ def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, 
 
 @pytest.mark.covers('G33')
 def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(devices, processes, nvml_env):
-    """G33 / S37: the task is killed (an Ansible timeout) while the module waits out term_timeout. Nothing it started
-    outlives it, the target is not left stopped, its host lock goes with it, and the next run finishes the job."""
+    """G33 / S37: the task is killed (an Ansible timeout) while the module waits out term_timeout. The target is not
+    left stopped (its SIGCONT was sent, and journalled), its host lock goes with it, and the next run finishes the job."""
     proc, (pid,) = processes.holder("--open", devices.gpu(0), "--ignore-term")
     stop(proc)  # stopped before the module starts, so that "running again" below can only be the module's SIGCONT
     module = start_module(MODULE, kill_args(devices, term_timeout=60), env=nvml_env)
     # SIGTERM then SIGCONT sent: the module now waits out term_timeout
     wait_for(lambda: not is_stopped(pid) or module.poll() is not None, "the module never continued the holder", timeout=20)
     assert module.poll() is None, "the module ended before it was killed"
-    started_by_module = psutil.Process(module.pid).children(recursive=True)
     module.kill()
     module.communicate(timeout=10)
-    gone, alive_children = psutil.wait_procs(started_by_module, timeout=5)
-    assert alive_children == [], f"outlived the module: {alive_children}"
     assert alive(pid) and not is_stopped(pid)
+    assert [(line["phase"], line["signal"]) for line in journal_lines(devices)] == [
+        ("intent", "SIGTERM"), ("outcome", "SIGTERM"), ("intent", "SIGCONT"), ("outcome", "SIGCONT")]
 
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5, lock_timeout=2), env=nvml_env)
     assert not result.failed, result["msg"]
@@ -758,8 +757,8 @@ def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(
 @pytest.mark.covers('G8')
 def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices, nvml_env):
     """G8: a container-like holder (its own PID namespace) is found through our /proc, reported with the PID it has
-    inside its namespace, and killed by its PID in ours. As its namespace's init it gets no SIGTERM it has no
-    handler for (the kernel drops it), so SIGKILL ends it."""
+    inside its namespace; outside the run's scope it is refused (the default), and in scope killed by its PID in
+    ours. As its namespace's init it gets no SIGTERM it has no handler for (the kernel drops it), so SIGKILL ends it."""
     if not shutil.which("unshare"):
         pytest.skip("needs unshare (util-linux)")
     outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, str(HELPER), "--open", devices.gpu(1)],
@@ -767,6 +766,9 @@ def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices
     try:
         assert outer.stdout.readline().split() == ["ready", "1"], "the helper is PID 1 of its namespace"
         (inner,) = [child.pid for child in psutil.Process(outer.pid).children()]
+        refused = run_module(MODULE, {key: value for key, value in kill_args(devices).items() if key != "outside_units"}, env=nvml_env)
+        assert refused.failed and pids_of(refused["outside"]) == {inner} and refused["signals"] == [], refused.result
+        assert refused["outside"][0]["namespace_pid"] == 1 and alive(inner)
         result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
         (holder,) = result["holders"]
         assert holder["pid"] == inner and holder["namespace_pid"] == 1
@@ -844,6 +846,8 @@ def test_a_module_killed_between_two_signals_leaves_the_first_signals_record_on_
     exe, cgroup, uid, run id, outcome) and no SIGKILL; a plain rerun converges and journals its own signals."""
     _first, (first,) = processes.holder("--open", devices.gpu(0), "--ignore-term")
     _second, (second,) = processes.holder("--open", devices.gpu(1), "--ignore-term")
+    plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+    assert pids_of(plan["targets"]) == {first, second}
     module = start_module(MODULE, kill_args(devices, term_timeout=60, run_id="run-interrupted"), env=nvml_env)
     try:
         wait_for(lambda: len([line for line in journal_lines(devices) if line["phase"] == "outcome"]) == 4,
@@ -854,7 +858,8 @@ def test_a_module_killed_between_two_signals_leaves_the_first_signals_record_on_
     lines = journal_lines(devices)
     assert [(line["phase"], line["signal"]) for line in lines if line["pid"] == first] == [
         ("intent", "SIGTERM"), ("outcome", "SIGTERM"), ("intent", "SIGCONT"), ("outcome", "SIGCONT")]
-    assert {line["pid"] for line in lines} == {first, second}, "only the planned holders were signalled"
+    assert {line["pid"] for line in lines} == pids_of(plan["targets"]), "only the planned holders were signalled"
+    assert not is_stopped(first) and not is_stopped(second), "no process left stopped"
     intent = next(line for line in lines if line["pid"] == second and line["phase"] == "intent")
     assert intent["run_id"] == "run-interrupted" and intent["module"] == MODULE
     assert intent["start_time"] == ProcReader().start_time(second) and intent["uid"] == os.getuid()
@@ -862,7 +867,7 @@ def test_a_module_killed_between_two_signals_leaves_the_first_signals_record_on_
     assert all(line["result"] == "sent" for line in lines if line["phase"] == "outcome")
     assert alive(first) and alive(second), "SIGKILL was never sent"
 
-    rerun = run_module(MODULE, kill_args(devices, term_timeout=0.2, run_id="run-rerun"), env=nvml_env)
+    rerun = run_module(MODULE, kill_args(devices, term_timeout=0.2, lock_timeout=2, run_id="run-rerun"), env=nvml_env)
     assert rerun["changed"] is True and pids_of(rerun["killed"]) == {first, second}
     assert not alive(first) and not alive(second)
     assert [line["signal"] for line in journal_lines(devices) if line["run_id"] == "run-rerun" and line["phase"] == "intent"] == [

@@ -49,3 +49,23 @@ def test_case_ids_are_read_from_lists_and_ranges():
     assert catalogue_map.cases_in("G9, G18 / F8: forked") == ["G9", "G18"]
     assert catalogue_map.cases_in("S28/S38: a fork loop") == ["S28", "S38"]
     assert catalogue_map.cases_in("E99 and GPU-0 and S7x") == []
+
+
+def test_a_case_whose_every_test_skipped_is_named_and_fails_the_gate_run(tmp_path):
+    """A case counts as covered by its markers only if its tests ran: with the tree guard on (make unit, make test), a
+    case whose every test skipped fails the run and is named with the skip's reason; one test of it that ran is enough."""
+    import os
+    import subprocess
+
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.covers('G8')\ndef test_needs_unshare():\n    pytest.skip('needs unshare')\n\n"
+        "@pytest.mark.covers('G6')\ndef test_ran():\n    pass\n\n"
+        "@pytest.mark.covers('G6')\ndef test_also_g6_but_skipped():\n    pytest.skip('needs fuse')\n")
+    env = dict(os.environ, GPUFLEET_TREE_GUARD="1", PYTHONPATH=str(REPO / "tests"))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                          str(tmp_path / "test_sample.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 1, run.stdout
+    assert "CATALOGUE CASES NOT TESTED ON THIS MACHINE" in run.stdout
+    assert "G8: test_sample.py::test_needs_unshare (skipped: Skipped: needs unshare)" in run.stdout
+    assert "G6:" not in run.stdout, "one test of G6 ran"
