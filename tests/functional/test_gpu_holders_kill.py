@@ -81,6 +81,9 @@ def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, 
     assert result["changed"] is True
     assert pids_of(result["terminated"]) == {pid} and result["killed"] == []
     assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT"]
+    # each signal sent as the journal recorded it: whom (pid, start time, exe, cgroup, uid), how, and what came of it
+    assert all((s["pid"], s["start_time"], s["exe"], s["cgroup"], s["uid"], s["result"]) == (pid, target["start_time"], target["exe"],
+               target["cgroup"], os.getuid(), "sent") for s in result["signals"])
     assert not alive(pid)
 
     again = run_module(MODULE, kill_args(devices), env=nvml_env)

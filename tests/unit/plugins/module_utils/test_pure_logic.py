@@ -255,22 +255,35 @@ class _Nvml:
         return {"gpus": [{"index": 0, "uuid": "GPU-0", "minor": 0, "processes": self.processes}]}
 
 
+def unused_plausible_pid() -> int:
+    """A pid below this kernel's limit (so not implausible) that no process has."""
+    with open("/proc/sys/kernel/pid_max", encoding="ascii") as handle:
+        pid = int(handle.read()) - 7
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
 @pytest.mark.covers("G8")
-@pytest.mark.parametrize(("namespaced", "processes", "warned"), [
-    (True, [], False),  # the lab's case: a PID namespace, NVML lists nothing unconfirmed - nothing to say
-    (False, [{"pid": 4_000_000 - 7, "used_mib": 10, "type": "compute"}], False),
-    (True, [{"pid": 4_000_000 - 7, "used_mib": 10, "type": "compute"}], True),
+@pytest.mark.parametrize(("namespaced", "listed", "warned"), [
+    (True, False, False),  # the lab's case: a PID namespace, NVML lists nothing unconfirmed - nothing to say
+    (False, True, False),  # the init namespace: an NVML pid /proc does not confirm is simply stale
+    (True, True, True),  # in a PID namespace it may be a live holder seen under its host pid: said, and never a target
 ])
-def test_the_pid_namespace_warning_only_where_it_changes_the_outcome(monkeypatch, tmp_path, namespaced, processes, warned):
+def test_the_pid_namespace_warning_only_where_it_changes_the_outcome(monkeypatch, tmp_path, namespaced, listed, warned):
     from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
     from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
     monkeypatch.setattr(_holders_kill, "in_init_pid_namespace", lambda: not namespaced)
     (tmp_path / "nvidia0").write_bytes(b"")
+    pid = unused_plausible_pid()
+    processes = [{"pid": pid, "used_mib": 10, "type": "compute"}] if listed else []
     request = _holders_kill.KillRequest(gpus=None, device_paths=[str(tmp_path / "nvidia*")], sources=["proc", "nvml"], protected=[],
                                         protected_pids=[], term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False,
-                                        nvml_timeout=5, lock_timeout=1)
+                                        nvml_timeout=5, lock_timeout=1, outside_units="kill")
     plan = _holders_kill.observe(request, _Nvml(processes), ProcReader())
-    assert any("PID namespace" in warning for warning in plan.warnings) is warned, plan.warnings
+    assert any(f"NVML PIDs {pid} are not processes of this namespace" in warning for warning in plan.warnings) is warned, plan.warnings
+    assert plan.targets == [], "an NVML pid /proc does not confirm is never signalled, even with outside_units=kill"
+    assert [entry["pid"] for entry in plan.stale_nvml_pids] == ([pid] if listed else [])
 
 
 def _kill_request(**params):

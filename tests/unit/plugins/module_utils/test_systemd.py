@@ -298,9 +298,8 @@ def test_restart_after_stop_is_detected(unit_processes):
     assert "was started again (InvocationID inv-1 -> inv-2, NRestarts 0 -> 1)" in outcome.errors[0]
 
 
-@pytest.mark.covers('S24')
 def test_plan_refuses_a_group_holding_this_run(unit_processes):
-    """S24."""
+    """The plan's refusal for a given protected set (S24's end to end test is below)."""
     proc = unit_processes()
     fake = FakeSystemd([proc])
     request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
@@ -565,3 +564,36 @@ def test_the_escalation_journals_each_sigkill_before_it_is_sent(tmp_path, unit_p
         assert mine == [("intent", "SIGKILL"), ("outcome", "SIGKILL")], mine
     assert all(line["exe"] == os.path.realpath(sys.executable) and line["uid"] == os.getuid() and line["cgroup"] for line in lines)
     assert {entry["pid"] for entry in journal.entries} == pids and all(entry["result"] == "sent" for entry in journal.entries)
+
+
+class OwnLineage:
+    """This test process as a unit's member: it stands for the module that would stop the unit running it."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self):
+        return None
+
+    def send_signal(self, signum):
+        raise AssertionError(f"signal {signum} sent to this run's own process")
+
+
+@pytest.mark.covers('S24')
+def test_a_unit_whose_group_holds_this_run_is_refused_by_stop_unit_itself(monkeypatch):
+    """S24: the unit's group holds the process running the module (ansible-pull as a service, an SSH session in
+    ssh.service): stop_unit works out its own lineage (pid and ancestors) from /proc - nothing passed in - and refuses
+    before any stop job or signal. The stand-ins raise if anything reaches them."""
+    fake = FakeSystemd([OwnLineage(os.getpid())], kill_mode="none")
+    monkeypatch.setattr(systemd.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(fake)))
+    monkeypatch.setattr(Signaller, "send", lambda self, handle, signum: pytest.fail(f"signal {signum} sent"))
+    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    with pytest.raises(Refused, match="holds this module or its ancestors"):
+        systemd.stop_unit(request, fake, ProcReader(), check_mode=False)
+    assert "stop" not in fake.calls, "no stop job was queued"
+
+    parent = FakeSystemd([OwnLineage(os.getppid())], kill_mode="none")
+    monkeypatch.setattr(systemd.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(parent)))
+    with pytest.raises(Refused, match="holds this module or its ancestors"):
+        systemd.stop_unit(request, parent, ProcReader(), check_mode=True)
+    assert "stop" not in parent.calls
