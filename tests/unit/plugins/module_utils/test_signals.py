@@ -132,3 +132,39 @@ def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs
     assert [(s["signal"], s["result"]) for s in result["signals"]] == [("SIGTERM", "denied"), ("SIGKILL", "denied")]
     assert result["survivors"] == [target.pid] and result["killed"] == result["terminated"] == 0
     assert alive(target.pid)
+
+
+class JournalWitness(Signaller):
+    """Sends for real, but first reads the journal file as a crash at that instant would leave it."""
+
+    def __init__(self, journal):
+        super().__init__(journal=journal)
+        self.seen_before_send: list[tuple[int, str, bool]] = []
+
+    def _send(self, handle, signum):
+        import signal as signals
+
+        from ansible_collections.gpufleet.serving.plugins.module_utils._journal import read
+
+        name = signals.Signals(signum).name
+        on_disk = [(line["pid"], line["signal"], line["phase"]) for line in read(self.journal.path)]
+        self.seen_before_send.append((handle.pid, name, (handle.pid, name, "intent") in on_disk))
+        return super()._send(handle, signum)
+
+
+@pytest.mark.covers("G33")
+def test_each_signals_intent_is_on_disk_before_the_signal_is_sent(procs, tmp_path):
+    """Rule 12: at the instant of every kill (the moment a crash would cut the run short) the journal file already
+    holds that signal's intent line - whom, which signal, this run - and its outcome line follows."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+
+    ignorer, quitter = procs(ignore_term=True), procs()
+    journal = Journal(str(tmp_path / "log" / "signals.jsonl"), "run-42", "gpu_holders_kill")
+    witness = JournalWitness(journal)
+    outcome = terminate_then_kill(witness, [identity(ignorer), identity(quitter)], term_timeout=0.5, kill_timeout=5)
+    assert outcome.survivors == [] and not alive(ignorer.pid) and not alive(quitter.pid)
+    assert witness.seen_before_send and all(seen for _pid, _signal, seen in witness.seen_before_send), witness.seen_before_send
+    assert "SIGKILL" in {name for _pid, name, _seen in witness.seen_before_send}
+    lines = read(journal.path, "run-42")
+    assert [line["phase"] for line in lines] == ["intent", "outcome"] * len(witness.seen_before_send)
+    assert {line["pid"] for line in lines} == {ignorer.pid, quitter.pid} and {line["module"] for line in lines} == {"gpu_holders_kill"}
