@@ -159,12 +159,18 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
     return Check("model", True, f"{label} {path}: {len(listing.weights)} weight file(s), {size / 2**30:.2f} GiB, readable by {user}")
 
 
-def check_holders(request: Request, foreign: list, escaped: list, describe) -> Check:
-    """Another user's GPU holders stop the switch before anything is disrupted, unless it may kill them.
+def check_holders(request: Request, foreign: list, escaped: list, describe, restarting: list | None = None) -> Check:
+    """Another user's GPU holders stop the switch before anything is disrupted, unless it may kill them; so does a
+    holder the teardown would refuse to kill alone (the main process of a service systemd restarts).
 
     foreign: holders outside the engines' units not run by their users; escaped: the engines' users' holders outside
-    their units (killed by the teardown); describe(holders) names them (pid, user, command, unit).
+    their units (killed by the teardown); restarting: holders the teardown would kill in a service with Restart=;
+    describe(holders) names them (pid, user, command, unit).
     """
+    if restarting:
+        units = sorted({f"{holder['unit']} (Restart={holder.get('restart')})" for holder in restarting})
+        return Check("holders", False, f"GPU holders run as the main process of {', '.join(units)}, which systemd would start again "
+                                       f"({describe(restarting)}). Nothing was touched: stop that unit first, or add it to the units")
     escaped_line = f"; the engines' own outside their units, killed by the teardown: {describe(escaped)}" if escaped else ""
     if not foreign:
         return Check("holders", True, "no other user's process holds a GPU" + escaped_line)

@@ -51,9 +51,11 @@ OPTIONS = dict(
 class NodeProbe:
     """Everything the checks observe on the node: the one seam tests replace."""
 
-    def __init__(self, load_nvml, proc_root: str = "/proc"):
+    def __init__(self, load_nvml, proc_root: str = "/proc", restart_policy=None):
         self.load_nvml = load_nvml  # returns nvidia-ml-py's module; raises Error when it cannot be imported
         self.proc_root = proc_root
+        # a service's (Restart=, main PID), as gpu_holders_kill reads it: ("", 0) where systemd does not run
+        self.restart_policy = restart_policy or (lambda _unit: ("", 0))
 
     def version(self, argv: list, timeout: float) -> tuple:
         try:
@@ -100,15 +102,16 @@ class NodeProbe:
         return holders + [(None, None)] * len(wanted)
 
     def holders(self, request: preflight.Request) -> tuple:
-        """Other users' GPU holders and the engines' own outside their units, as the teardown would see them."""
+        """As the teardown would see them: other users' GPU holders, the engines' own outside their units, the memory
+        the foreign ones hold per GPU, and the holders the teardown would refuse to kill alone (a service systemd restarts)."""
         reader = ProcReader(self.proc_root)
         kill = holders_kill.KillRequest.from_params(dict(
             gpus=request.holder_gpus or None, device_paths=request.device_paths, sources=None, protected=[], protected_pids=[], term_timeout=0, kill_timeout=0,
             max_targets=1, ambiguous="report", nvml_timeout=request.nvml_timeout, lock_timeout=0, units=request.units,
-            outside_units="report", owners=request.owners), reader)
-        plan = holders_kill.observe(kill, lambda timeout: NvmlClient(self.load_nvml, timeout), reader)
-        escaped = [target for target in plan.targets if target["placement"] != "listed_unit"]
-        return plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign})
+            outside_units=request.outside_units, owners=request.owners), reader)
+        plan = holders_kill.observe(kill, lambda timeout: NvmlClient(self.load_nvml, timeout), reader, restart_policy=self.restart_policy)
+        escaped = [target for target in plan.targets if target["placement"] != "listed_unit" and not target["foreign"]]
+        return plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign}), plan.restarting
 
     def free_bytes(self, path: str) -> int | None:
         try:
@@ -137,11 +140,11 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_port(request, probe.port_holders(request.port)))
     if "holders" in request.checks:
         try:
-            foreign, escaped, memory_by_gpu = probe.holders(request)
+            foreign, escaped, memory_by_gpu, restarting = probe.holders(request)
         except Error as exc:
             checks.append(preflight.Check("holders", False, f"GPU holders cannot be read: {exc.msg}"))
         else:
-            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders))
+            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders, restarting))
             fit = preflight.check_fit(request, memory_by_gpu)
             if fit is not None:
                 checks.append(fit)

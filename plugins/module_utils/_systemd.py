@@ -693,3 +693,19 @@ def stop_units(requests: list[StopRequest], systemctl: Systemctl, reader: ProcRe
             results.append(dict(exc.context, unit=request.unit, failed=True, msg=exc.msg))
             failures.append(exc.msg)
     return results, failures
+
+
+def restart_policy_reader(systemctl: Systemctl | None):
+    """unit -> (Restart=, main PID) through systemctl, as gpu_holders_kill places a holder; ("", 0) for every unit
+    where systemd is not the init system (systemctl None)."""
+    if systemctl is None:
+        return lambda _unit: ("", 0)
+
+    def policy(unit: str) -> tuple[str, int]:
+        properties = systemctl.show(unit).properties
+        return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
+    return policy
+
+
+def systemd_runs() -> bool:
+    return os.path.isdir("/run/systemd/system")

@@ -473,7 +473,7 @@ class Node(cutover.NodeOps):
                                        "engine_cutover", reader)
 
     def preflight(self, request: preflight.Request) -> dict:
-        return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(lambda: pynvml)))
+        return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(lambda: pynvml, restart_policy=self.restart_policy)))
 
     def write_files(self, wanted: list) -> dict:
         reload = self.systemctl.daemon_reload if any(item.reload for item in wanted) else None
@@ -510,8 +510,7 @@ class Node(cutover.NodeOps):
                                          False, self.module.warn, self.module.log, journal=self.journal)
 
     def restart_policy(self, unit: str) -> tuple[str, int]:
-        properties = self.systemctl.show(unit).properties
-        return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
+        return systemd.restart_policy_reader(self.systemctl)(unit)
 
     def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
         request = memory.MemoryRequest.from_params(dict(

@@ -196,6 +196,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl, restart_policy_reader, systemd_runs
 
 try:
     import pynvml
@@ -219,7 +220,10 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         request = preflight.Request.from_params(module.params)
-        result = preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(load_nvml)))
+        # a holder the teardown would refuse to kill alone (a service systemd restarts) is named here, before any drain
+        systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if systemd_runs() else None
+        probe = preflight_node.NodeProbe(load_nvml, restart_policy=restart_policy_reader(systemctl))
+        result = preflight_node.outcome(*preflight_node.run_checks(request, probe))
     except Error as exc:
         module.fail_json(msg=exc.msg, passed=False, checks=[], failures=[exc.msg], gpus=[], holders={}, **exc.context)
     if result["failures"]:

@@ -384,7 +384,6 @@ elapsed:
   type: float
 """
 
-import os
 import time
 import traceback
 
@@ -392,6 +391,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -431,14 +431,8 @@ def nvml_client(timeout: float) -> NvmlClient:
 
 def restart_policy(module: AnsibleModule):
     """A service's Restart= and main PID through systemctl; nothing where systemd is not the init system."""
-    if not os.path.isdir("/run/systemd/system"):
-        return lambda _unit: ("", 0)
-    systemctl = Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
-
-    def policy(unit: str) -> tuple[str, int]:
-        properties = systemctl.show(unit).properties
-        return properties.get("Restart", ""), int(properties.get("MainPID") or 0)
-    return policy
+    running = systemd.systemd_runs()
+    return systemd.restart_policy_reader(Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if running else None)
 
 
 def main() -> None:

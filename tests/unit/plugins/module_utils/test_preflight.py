@@ -13,6 +13,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import
     check_executable,
     check_fit,
     check_gpus,
+    check_holders,
     check_model,
     check_port,
     listening_inodes,
@@ -140,3 +141,14 @@ def test_with_report_the_target_must_fit_beside_the_processes_left_running_on_ea
     assert check_fit(request(outside_units="report"), gpus_beside({})) is None
     with pytest.raises(InvalidInput, match="memory_fraction: must be more than 0 and at most 1, got 1.5"):
         request(memory_fraction=1.5)
+
+
+def test_a_holder_the_teardown_would_refuse_to_kill_alone_fails_the_preflight_naming_its_unit():
+    """Decide before disrupting: with kill, a GPU holder that is the main process of a service systemd restarts would
+    stop the cutover after the drain; the preflight names it first."""
+    restarting = [{"pid": 77, "unit": "sidecar.service", "restart": "always"}]
+    check = check_holders(request(outside_units="kill"), [], [], lambda holders: f"pid {holders[0]['pid']}", restarting)
+    assert not check.passed and check.name == "holders"
+    assert check.detail.startswith("GPU holders run as the main process of sidecar.service (Restart=always), which systemd would start again (pid 77)")
+    assert "Nothing was touched" in check.detail
+    assert check_holders(request(outside_units="kill"), [], [], lambda holders: "", []).passed
