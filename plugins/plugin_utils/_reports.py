@@ -114,10 +114,14 @@ def teardown_host_report(steps: dict) -> dict:
         # who ran it, under which lease, and every signal it sent as the node's journal recorded it
         "run_id": steps.get("run_id"),
         "lease": _lease_summary(steps.get("lease")),
-        "signals": [signal for unit in (steps.get("units") or {}).get("results") or [] for signal in unit.get("signals") or []]
-                   + list(holders.get("signals") or []),
+        "signals": _units_signals(steps.get("units")) + list(holders.get("signals") or []),
     }
     return report
+
+
+def _units_signals(units: dict | None) -> list:
+    """The signals systemd_stop_hard sent itself, unit after unit."""
+    return [signal for unit in (units or {}).get("results") or [] for signal in unit.get("signals") or []]
 
 
 def _lease_summary(lease: dict | None) -> dict | None:

@@ -358,9 +358,11 @@ def test_memory_of_a_holder_left_running_on_purpose_is_not_counted(devices, sim,
 
 
 @pytest.mark.covers('M16')
-@pytest.mark.parametrize(("args", "message"), [({"left_pids": [1]}, "left_pids: 1 is not a process id"),
-                                                ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
-                                                ({"max_used_percent": 120.0}, "max_used_percent: must be a share of each GPU's memory from 0 to 100")])
+@pytest.mark.parametrize(("args", "message"), [
+    ({"left_pids": [1]}, "left_pids: 1 is not a process id"),
+    ({"max_used_mib": -1}, "max_used_mib: must be a whole number of MiB, at least 0"),
+    ({"max_used_percent": 120.0}, "max_used_percent: must be a share of each GPU's memory from 0 to 100"),
+])
 def test_bad_thresholds_are_refused_before_nvml_is_polled(devices, sim, nvml_env, args, message):
     """M16: invalid input is refused before the first NVML call - proven by an NVML whose init hangs: a module that
     polled first would time out on it (nvml_hung), not name the bad value."""
