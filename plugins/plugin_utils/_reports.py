@@ -277,7 +277,8 @@ def switch_host_report(record: dict) -> dict:
     plan = _plan(record.get("plan"), record.get("teardown"))
     return {
         "result": result,
-        "from": record.get("previous") or "none",
+        # "none": read, and no engine ran; null: never read (unreachable, or refused before the engines' read)
+        "from": record.get("previous") or None,
         "to": record.get("target"),
         # engine, version and model: what ran before (as its unit started it) and what the switch brought up
         "from_engine": _identity(record.get("from_engine")),
@@ -365,17 +366,19 @@ def fleet_serving(hosts: dict, started=None) -> dict:
     A node serves when an engine answers its readiness, not when a unit is merely active (a crash loop is active):
     before its switch when an engine was seen serving at discovery, after it when it switched, rolled back, or was left
     serving (unchanged, failed before the drain). A node the run did not reach counts as it was seen serving (read
-    without touching it; unknown counts as not serving) and is also counted apart (``untouched``). Reports without
+    without touching it) and is also counted apart (``untouched``); one this run did not read (outside --limit,
+    unreachable) is neither serving nor down: it is counted in ``not_read`` and nowhere else. Reports without
     ``engines_serving`` (older runs) fall back to the engines found running. ``serving`` is a step series of
     [seconds since the run started, nodes serving], one point per change.
     """
-    events, serving, untouched = [], 0, 0
+    events, serving, untouched, not_read = [], 0, 0, 0
     for report in hosts.values():
         seen = report.get("engines_serving")
-        was = bool(seen) if seen is not None or report["result"] == NOT_REACHED else bool(report.get("engines_found"))
+        was = bool(seen) if seen is not None else bool(report.get("engines_found"))
         if report["result"] == NOT_REACHED:
             untouched += 1
-            serving += was
+            not_read += seen is None
+            serving += was if seen is not None else 0
             continue
         out = report.get("out_of_rotation")
         serving += was
@@ -391,7 +394,7 @@ def fleet_serving(hosts: dict, started=None) -> dict:
         count += change
         lowest = min(lowest, count)
         series.append([round(time - origin, 2), count])
-    return {"nodes": len(hosts), "untouched": untouched, "serving_at_start": serving, "serving_at_end": count,
+    return {"nodes": len(hosts), "untouched": untouched, "not_read": not_read, "serving_at_start": serving, "serving_at_end": count,
             "min_serving": lowest, "serving": series}
 
 
@@ -566,7 +569,11 @@ def switch_table(document: dict) -> str:
     fleet = document.get("fleet")
     summary = []
     if fleet and fleet.get("nodes"):
-        summary = [f"serving: {fleet['serving_at_start']} of {fleet['nodes']} node(s) at the start, {fleet['serving_at_end']} at the end, "
+        not_read = fleet.get("not_read") or 0
+        seen = fleet["untouched"] - not_read if fleet.get("untouched") else 0
+        summary = [f"serving: {fleet['serving_at_start']} of {fleet['nodes'] - not_read} node(s) at the start, {fleet['serving_at_end']} at the end, "
                    f"never fewer than {fleet['min_serving']} (a node serves when its engine answers readiness)"
-                   + (f"; {fleet['untouched']} node(s) not reached, counted as they were seen serving" if fleet.get("untouched") else "")]
+                   + (f"; {seen} node(s) not reached, counted as they were seen serving" if seen else "")
+                   + (f"; {not_read} node(s) not read in this run (outside --limit, or unreachable before its switch): "
+                      "not counted, neither serving nor down" if not_read else "")]
     return _table(headers, rows) + ("\n\n" + "\n".join(summary + details) if summary or details else "")

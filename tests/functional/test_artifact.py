@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -62,7 +63,13 @@ def test_installed_modules_are_documented(installed):
 
 def test_playbooks_run_by_fqcn_from_the_installed_copy(installed):
     inventory = installed["cwd"] / "inventory.ini"
-    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n\n[gpu_nodes]\n")
+    # one node on a loopback port nothing listens on: every play runs, the node is recorded as not reached
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n\n[gpu_nodes]\n"
+                         f"node1 ansible_host=127.0.0.1 ansible_port={port} ansible_ssh_common_args='-o ConnectTimeout=2'\n"
+                         "\n[gpu_nodes:vars]\nvllm_model=/models/m\nsglang_model=/models/m\n")
 
     def playbook(*args):
         return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args], capture_output=True, text=True,
@@ -70,14 +77,15 @@ def test_playbooks_run_by_fqcn_from_the_installed_copy(installed):
 
     refused = playbook("gpufleet.serving.switch_engine", "-e", "target=trtllm")
     assert refused.returncode != 0 and "set the engine to switch to: -e target=vllm or -e target=sglang (got trtllm)" in refused.stdout
-    # an empty fleet: every play runs, the report is built and written by the installed filters
-    empty = playbook("gpufleet.serving.switch_engine", "-e", "target=sglang")
-    assert empty.returncode == 0, empty.stdout[-2000:]
-    assert (installed["cwd"] / "reports" / "switch_engine.json").exists()
+    # a node that cannot be reached: every play runs, the report is built and written by the installed filters
+    lost = playbook("gpufleet.serving.switch_engine", "-e", "target=sglang")
+    report = json.loads((installed["cwd"] / "reports" / "switch_engine.json").read_text())
+    assert report["hosts"]["node1"]["result"] in ("unreachable", "not_reached"), lost.stdout[-2000:]
     # the table is printed as plain lines (gpufleet.serving.display_text), not as JSON-quoted strings
-    assert "\nhost  from  to  result  downtime s" in empty.stdout and f"\nJSON report: {installed['cwd']}/reports/switch_engine.json\n" in empty.stdout
+    assert "\nhost  from  to  result  downtime s" in lost.stdout and f"\nJSON report: {installed['cwd']}/reports/switch_engine.json\n" in lost.stdout
     cleanup = playbook("gpufleet.serving.gpu_cleanup", "--check")
-    assert cleanup.returncode == 0, cleanup.stdout[-2000:]
+    cleaned = json.loads((installed["cwd"] / "reports" / "gpu_cleanup.json").read_text())
+    assert cleaned["hosts"]["node1"]["result"] == "not_reached", cleanup.stdout[-2000:]
 
 
 def test_an_execution_environment_reads_the_collections_requirements(installed, tmp_path):

@@ -79,3 +79,22 @@ def test_the_documented_forms_of_the_batches_are_accepted_up_to_the_first_node(f
         run = run_playbook("switch_engine.yml", inventory, "-e", "target=sglang", "-e", f"switch_engine_report_dir={reports}", *form)
         report = json.loads((reports / "switch_engine.json").read_text())
         assert report["hosts"]["node1"]["result"] in ("unreachable", "failed"), (form, run.stdout[-2000:])
+
+
+@pytest.mark.parametrize(("playbook", "hosts_variable"), [("switch_engine.yml", "switch_engine_hosts"), ("gpu_cleanup.yml", "gpu_cleanup_hosts")])
+def test_an_inventory_without_the_group_is_refused_naming_it(tmp_path, playbook, hosts_variable):
+    """Issue 42 (1): an inventory whose nodes are not in gpu_nodes matched only localhost - exit 0, an empty report.
+    It is refused, naming the group looked for and how to name another; no report is written."""
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(f"[gpus]\nnode1 ansible_host=127.0.0.1 ansible_port={closed_port()}\n")
+    reports = tmp_path / "reports"
+    run = run_playbook(playbook, inventory, "-e", "target=sglang", "-e", f"switch_engine_report_dir={reports}",
+                       "-e", f"gpu_cleanup_report_dir={reports}")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-2000:]
+    assert "no host of the inventory matches 'gpu_nodes'" in output and f"-e {hosts_variable}=GROUP" in output, output[-2000:]
+    assert not (reports / playbook.replace(".yml", ".json")).exists()
+    named = run_playbook(playbook, inventory, "-e", "target=sglang", "-e", f"{hosts_variable}=gpus", "-e", f"switch_engine_report_dir={reports}",
+                         "-e", f"gpu_cleanup_report_dir={reports}")
+    assert "no host of the inventory matches" not in named.stdout + named.stderr
+    assert json.loads((reports / playbook.replace(".yml", ".json")).read_text())["hosts"]["node1"]["result"] in ("unreachable", "not_reached")

@@ -256,8 +256,8 @@ def test_fleet_serving_counts_follow_each_nodes_time_out_of_rotation():
     assert fleet["nodes"] == 4 and fleet["untouched"] == 1 and fleet["serving_at_start"] == 2 and fleet["serving_at_end"] == 3
     assert fleet["serving"] == [[0.0, 2], [3.0, 1], [18.0, 2], [18.0, 3], [23.0, 2], [38.0, 3]]
     assert fleet["min_serving"] == 1
-    assert ("serving: 2 of 4 node(s) at the start, 3 at the end, never fewer than 1 (a node serves when its engine answers readiness);"
-            " 1 node(s) not reached, counted as they were seen serving") in reports.switch_table(document)
+    assert ("serving: 2 of 3 node(s) at the start, 3 at the end, never fewer than 1 (a node serves when its engine answers readiness);"
+            " 1 node(s) not read in this run") in reports.switch_table(document)
 
 
 def test_a_node_not_reached_that_serves_throughout_counts_as_serving():
@@ -276,9 +276,9 @@ def test_a_node_whose_engine_crash_loops_at_the_start_is_not_counted_as_serving(
     assert looping["engines_found"] == ["vllm"] and looping["engines_serving"] == []
     fleet = reports.switch_run_report({"a": looping, "b": serving}, {"started": T0})["fleet"]
     assert (fleet["serving_at_start"], fleet["serving_at_end"], fleet["min_serving"]) == (1, 2, 0)
-    # a node not reached and not readable (unreachable) is not counted as serving
+    # a node not reached and not read (unreachable) is neither serving nor down: counted apart
     unread = reports.switch_run_report({"a": None}, {"started": T0})["fleet"]
-    assert (unread["serving_at_start"], unread["untouched"]) == (0, 1)
+    assert (unread["serving_at_start"], unread["untouched"], unread["not_read"]) == (0, 1, 1)
 
 
 def test_a_node_outside_the_limit_says_so():
@@ -397,3 +397,25 @@ def test_the_cleanup_lists_other_users_gpu_processes_apart_with_what_became_of_t
     table = reports.teardown_table(reports.teardown_run_report({"node1": killed, "node2": planned}, {}))
     assert "node1: ANOTHER USER'S GPU process 51 python3 (user alice, session-4.scope, session): killed" in table
     assert "node2: ANOTHER USER'S GPU process 52 jupyter (user bob, no unit, elsewhere): would be signalled" in table
+
+
+def test_a_node_outside_the_limit_is_not_counted_as_down():
+    """Issue 42 (2): -l node1 on a 2-node fleet. node2 was never touched and not read: the fleet's counts leave it out
+    (not_read 1) instead of counting it not serving (min_serving 0), and the table says so."""
+    switched = reports.switch_host_report(rotated_record())
+    document = reports.switch_run_report({"node1": switched, "node2": None}, {"started": T0, "not_in_limit": ["node2"]})
+    fleet = document["fleet"]
+    assert (fleet["nodes"], fleet["not_read"], fleet["serving_at_start"], fleet["serving_at_end"], fleet["min_serving"]) == (2, 1, 1, 1, 0)
+    assert document["hosts"]["node2"]["engines_serving"] is None
+    table = reports.switch_table(document)
+    assert "serving: 1 of 1 node(s) at the start, 1 at the end" in table
+    assert "1 node(s) not read in this run (outside --limit, or unreachable before its switch): not counted, neither serving nor down" in table
+
+
+def test_from_is_unknown_when_the_engines_were_never_read():
+    """Issue 42 (3): a node refused before the engines' read (a bad variable, unreachable) reports from: null, not
+    "none" (which says it was read and no engine ran)."""
+    unread = reports.switch_host_report({"target": "sglang", "outcome": {"result": "failed", "reason": "bad variable"}, "marks": []})
+    assert unread["from"] is None
+    read_empty = reports.switch_host_report({"target": "sglang", "previous": "none", "outcome": {"result": "failed", "reason": "x"}, "marks": []})
+    assert read_empty["from"] == "none"
