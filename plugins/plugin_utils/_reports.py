@@ -44,9 +44,21 @@ def _iso(timestamp) -> str | None:
 
 
 # --- pieces shared by both reports ------------------------------------------------------------------------------------
-def process_summary(process: dict) -> dict:
+def held_gpus(reading: dict | None) -> dict:
+    """pid -> the GPUs NVML listed it on, from a memory reading taken before anything was stopped."""
+    held: dict = {}
+    for gpu in (reading or {}).get("gpus") or []:
+        for process in gpu.get("processes") or []:
+            held.setdefault(process.get("pid"), []).append(gpu.get("index"))
+    return held
+
+
+def process_summary(process: dict, held: dict | None = None) -> dict:
+    """One process as the reports name it; its GPUs as observed - by the holder scan, else by the reading before the
+    teardown (``held``: a process stopped with its unit was never scanned as a holder)."""
     cmdline = " ".join(process.get("cmdline") or []) or process.get("comm") or "?"
-    summary = {"pid": process.get("pid"), "comm": process.get("comm"), "cmdline": cmdline, "gpus": list(process.get("gpus") or []),
+    gpus = process.get("gpus") or (held or {}).get(process.get("pid")) or []
+    summary = {"pid": process.get("pid"), "comm": process.get("comm"), "cmdline": cmdline, "gpus": list(gpus),
                "unit": process.get("unit"), "user": process.get("user")}
     if process.get("reason"):
         summary["reason"] = process["reason"]
@@ -55,13 +67,13 @@ def process_summary(process: dict) -> dict:
     return summary
 
 
-def unit_summary(result: dict) -> dict:
+def unit_summary(result: dict, held: dict | None = None) -> dict:
     before = (result.get("state_before") or {}).get("ActiveState")
     after = (result.get("state_after") or {}).get("ActiveState")
     return {"unit": result.get("unit") or result.get("item"), "found": result.get("found"), "changed": bool(result.get("changed")),
             "before": before, "after": after, "escalated": bool(result.get("escalated")),
-            "terminated": [process_summary(p) for p in result.get("terminated") or []],
-            "killed": [process_summary(p) for p in result.get("killed") or []],
+            "terminated": [process_summary(p, held) for p in result.get("terminated") or []],
+            "killed": [process_summary(p, held) for p in result.get("killed") or []],
             "triggers_stopped": list(result.get("triggers_stopped") or []), "warnings": list(result.get("warnings") or []),
             "failed": bool(result.get("failed")), "msg": result.get("msg") if result.get("failed") else None}
 
@@ -88,7 +100,8 @@ def teardown_host_report(steps: dict) -> dict:
     ``steps``: check_mode, units (the looped systemd_stop_hard result), holders (gpu_holders_kill), before and after
     (gpu_memory_assert), and on failure failed_step and failure (the failed task's result).
     """
-    units = [unit_summary(result) for result in (steps.get("units") or {}).get("results") or [] if result.get("unit") or result.get("failed")]
+    held = held_gpus(steps.get("before"))
+    units = [unit_summary(result, held) for result in (steps.get("units") or {}).get("results") or [] if result.get("unit") or result.get("failed")]
     holders = steps.get("holders") or {}
     failed_step, reason = steps.get("failed_step"), failure_reason(steps.get("failure")) if steps.get("failed_step") else None
     # a node lost during the teardown: Ansible does not fail an unreachable step, and what follows it did not run
@@ -101,8 +114,8 @@ def teardown_host_report(steps: dict) -> dict:
         "failed_step": failed_step,
         "reason": reason,
         "units": units,
-        "terminated": [process_summary(p) for p in holders.get("terminated") or []],
-        "killed": [process_summary(p) for p in holders.get("killed") or []],
+        "terminated": [process_summary(p, held) for p in holders.get("terminated") or []],
+        "killed": [process_summary(p, held) for p in holders.get("killed") or []],
         "planned": [process_summary(p) for p in holders.get("targets") or []] if steps.get("check_mode") else [],
         "protected": [process_summary(p) for p in holders.get("protected") or []],
         "outside": [process_summary(p) for p in (holders.get("outside") or []) + (holders.get("restarting") or [])],

@@ -419,3 +419,17 @@ def test_from_is_unknown_when_the_engines_were_never_read():
     assert unread["from"] is None
     read_empty = reports.switch_host_report({"target": "sglang", "previous": "none", "outcome": {"result": "failed", "reason": "x"}, "marks": []})
     assert read_empty["from"] == "none"
+
+
+def test_a_process_stopped_with_its_unit_keeps_the_gpus_it_held_when_observed():
+    """Issue 42 (5): the engine's workers die with their unit (systemd_stop_hard names them, without GPUs): their GPUs
+    come from the reading before the teardown, so the report and the HTML tooltips name the holders' GPUs."""
+    worker = {key: value for key, value in PROCESS.items() if key != "gpus"}
+    steps = teardown_steps(before={"gpus": [{"index": 0, "uuid": "GPU-0", "used_mib": 900, "clean": False, "processes": [{"pid": 43}]},
+                                            {"index": 1, "uuid": "GPU-1", "used_mib": 900, "clean": False, "processes": [{"pid": 43}, {"pid": 46}]}]})
+    steps["units"]["results"][0]["terminated"] = [dict(worker, pid=43)]
+    report = reports.teardown_host_report(steps)
+    (unit,) = report["units"]
+    assert [(p["pid"], p["gpus"]) for p in unit["terminated"]] == [(43, [0, 1])]
+    switch = reports.switch_host_report(switch_record(teardown=report))
+    assert (43, [0, 1]) in [(p["pid"], p["gpus"]) for p in switch["terminated"]]
