@@ -57,6 +57,7 @@ class Request:
     version_argv: list
     version: str | None
     models: list  # [(label, path)]
+    staged: dict  # {label: the directory a hub model is staged into on the node}
     user: str
     gpus_needed: int
     visible_devices: list | None
@@ -89,8 +90,14 @@ class Request:
             raise InvalidInput("version_argv: the command that prints the engine's version is required by the executable check")
         visible = params["visible_devices"]
         models = [("model", params["model"])] + ([("draft model", params["draft_model"])] if params["draft_model"] else [])
+        # where a hub model is staged on the node (the stage step downloads and verifies it before the drain)
+        staged = {label: directory for label, directory in (("model", params.get("model_dir")), ("draft model", params.get("draft_model_dir")))
+                  if directory}
+        for label, directory in staged.items():
+            if not posixpath.isabs(directory):
+                raise InvalidInput(f"{label.replace(' ', '_')}_dir: give the absolute directory it is staged into, got {directory!r}")
         return cls(engine=params["engine"], checks=tuple(params["checks"]), version_argv=list(params["version_argv"] or []),
-                   version=params["version"] or None, models=models, user=params["user"], gpus_needed=params["gpus_needed"],
+                   version=params["version"] or None, models=models, staged=staged, user=params["user"], gpus_needed=params["gpus_needed"],
                    visible_devices=[d.strip() for d in visible.split(",") if d.strip()] if visible else None,
                    port=params["port"], port_owners=list(params["port_owners"] or []), install_dir=params["install_dir"] or None,
                    install_min_free_mib=params["install_min_free_mib"], nvml_timeout=params["nvml_timeout"],
@@ -131,10 +138,20 @@ def check_executable(request: Request, returncode: int | None, output: str) -> C
     return Check("executable", True, f"{request.engine} {found or '(no version printed)'}")
 
 
+def check_staged_model(label: str, hub_name: str, listing: ModelListing, user: str) -> Check:
+    """A hub model staged on the node: checked where it is, as a model directory is; not there yet, the stage step
+    downloads and verifies it before the drain."""
+    if listing.kind == "missing":
+        return Check("model", True, f"{label} {hub_name}: not staged yet - the stage step downloads it into {listing.path} and verifies it "
+                                    "before the drain", skipped=True)
+    return check_model(f"{label} {hub_name} staged at", listing, user)
+
+
 def check_model(label: str, listing: ModelListing, user: str) -> Check:
     path = listing.path
     if not posixpath.isabs(path):
-        return Check("model", True, f"{label} {path}: a hub name, fetched by the engine (not checked here)", skipped=True)
+        return Check("model", True, f"{label} {path}: a hub name, fetched by the engine when it starts (not staged, not checked here)",
+                     skipped=True)
     if listing.kind == "no_user":
         return Check("model", True, f"{label} {path}: not checked, the user {user} does not exist yet (the engine role creates it "
                                     "before the engine starts)", skipped=True)

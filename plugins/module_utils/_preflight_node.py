@@ -45,6 +45,8 @@ OPTIONS = dict(
     gpus=dict(type="list", elements="str", default=[]),
     device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
     memory_fraction=dict(type="float"),
+    model_dir=dict(type="path"),
+    draft_model_dir=dict(type="path"),
 )
 
 
@@ -128,6 +130,10 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_executable(request, *probe.version(request.version_argv, request.version_timeout)))
     if "model" in request.checks:
         for label, path in request.models:
+            if label in request.staged and not os.path.isabs(path):
+                staged = request.staged[label]
+                checks.append(preflight.check_staged_model(label, path, probe.model(request.user, staged), request.user))
+                continue
             listing = probe.model(request.user, path) if os.path.isabs(path) else preflight.ModelListing(path, "hub")
             checks.append(preflight.check_model(label, listing, request.user))
     if "gpus" in request.checks:

@@ -64,6 +64,15 @@ options:
     description: Model directory (or C(.gguf) file, or hub name) the engine serves.
     type: str
     required: true
+  model_dir:
+    description:
+      - Where the hub model O(model) is staged on the node. The C(model) check then checks that directory, as a model
+        directory is, and says so; a directory not there yet passes, named (the switch's stage step downloads and
+        verifies it before the drain).
+    type: path
+  draft_model_dir:
+    description: Where the hub draft model O(draft_model) is staged on the node, checked like O(model_dir).
+    type: path
   draft_model:
     description: Draft model (EAGLE-3 head) directory, checked like O(model).
     type: str

@@ -154,3 +154,23 @@ def test_an_incomplete_checkpoint_fails_the_model_check_before_anything_is_disru
     detail = result["checks"][0]["detail"]
     assert detail.startswith(f"model {model} is incomplete: ")
     assert f"{names[2]}, named by model.safetensors.index.json, is missing" in detail and f"{names[1]} has 1000 bytes" in detail
+
+
+def test_a_staged_hub_model_is_checked_where_it_is_staged_and_said_so(tmp_path, nvml_env):
+    """Issue 42 (7): a hub model the switch stages was reported "fetched by the engine". With its staged directory
+    the check says where it is and what was verified; a broken staged copy fails; one not staged yet passes, named."""
+    staged = tmp_path / "models" / "lab--tiny-llama"
+    checks = ["model"]
+    absent = run_module("engine_preflight", args(tmp_path, "lab/tiny-llama", model_dir=str(staged), checks=checks), env=nvml_env)
+    assert not absent.failed and absent["checks"][0]["detail"] == (
+        f"model lab/tiny-llama: not staged yet - the stage step downloads it into {staged} and verifies it before the drain")
+    model_dir(staged)
+    verified = run_module("engine_preflight", args(tmp_path, "lab/tiny-llama", model_dir=str(staged), checks=checks), env=nvml_env)
+    assert not verified.failed
+    assert verified["checks"][0]["detail"] == f"model lab/tiny-llama staged at {staged}: 2 weight file(s), 0.00 GiB, readable by root"
+    assert "fetched by the engine" not in verified["checks"][0]["detail"]
+    (staged / "config.json").unlink()
+    broken = run_module("engine_preflight", args(tmp_path, "lab/tiny-llama", model_dir=str(staged), checks=checks), env=nvml_env)
+    assert broken.failed and broken["checks"][0]["detail"] == f"model lab/tiny-llama staged at {staged} has no config.json"
+    unstaged = run_module("engine_preflight", args(tmp_path, "lab/tiny-llama", checks=checks), env=nvml_env)
+    assert unstaged["checks"][0]["detail"] == "model lab/tiny-llama: a hub name, fetched by the engine when it starts (not staged, not checked here)"

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[4]
 
 MODULES = ["systemd_stop_hard", "gpu_holders_kill", "gpu_memory_assert", "engine_ready", "engine_drain", "host_lease", "engine_preflight",
            "weights_prewarm"]
-TYPE_NAMES = {"str": "str", "float": "float", "int": "int", "bool": "bool", "list": "list"}
+TYPE_NAMES = {"str": "str", "float": "float", "int": "int", "bool": "bool", "list": "list", "path": "path"}
 
 
 def load(name: str):
