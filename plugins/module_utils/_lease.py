@@ -57,12 +57,22 @@ class LeaseStore:
         return fd
 
     def _read(self) -> dict | None:
+        """The record; None when there is none; {"unreadable": why} when the file is there but holds no lease record
+        (damaged, edited by hand): no owner can be named, and it is taken over as an expired one is, said so."""
         try:
             with open(self.path, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
+                text = handle.read()
+        except FileNotFoundError:
             return None
-        return record if isinstance(record, dict) and "owner" in record else None
+        except OSError as exc:
+            return {"owner": None, "unreadable": f"{self.path} cannot be read: {exc.strerror or exc}"}
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            return {"owner": None, "unreadable": f"{self.path} is not a lease record ({exc})"}
+        if not isinstance(record, dict) or not isinstance(record.get("owner"), str) or not isinstance(record.get("expires"), (int, float)):
+            return {"owner": None, "unreadable": f"{self.path} is not a lease record (no owner and expiry)"}
+        return record
 
     def _write(self, record: dict) -> None:
         partial = self.path + ".partial"
@@ -87,11 +97,13 @@ class LeaseStore:
     def _view(self, record: dict | None) -> dict:
         if record is None:  # given back, its work still running
             return {"owner": None, "age": None, "expires_in": None}
+        if record.get("unreadable"):
+            return {"owner": None, "age": None, "expires_in": None, "unreadable": record["unreadable"]}
         now = self.clock()
         return {"owner": record["owner"], "age": now - record["acquired"], "expires_in": record["expires"] - now}
 
     def _expired(self, record: dict) -> bool:
-        return record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
+        return bool(record.get("unreadable")) or record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
 
     def acquire(self, owner: str, lease_seconds: float, wait_timeout: float, dry_run: bool = False,
                 break_owner: str | None = None, still_wanted=lambda: True) -> Acquired:
@@ -117,7 +129,8 @@ class LeaseStore:
                     if not dry_run:
                         self._write(record)
                     taken = current is None or recovered is not None
-                    return Acquired(taken, self._view(record), recovered and {"owner": recovered["owner"], "broken": broken})
+                    return Acquired(taken, self._view(record), recovered and dict({"owner": recovered["owner"], "broken": broken},
+                                                                                  **({"unreadable": recovered["unreadable"]} if recovered.get("unreadable") else {})))
             finally:
                 os.close(fd)
             if time.monotonic() >= deadline:

@@ -543,8 +543,12 @@ def switch_table(document: dict) -> str:
             details.append(f"{host}: {report['result']}{phase}: {report['reason']}")
         if report.get("rollback_error"):
             details.append(f"{host}: ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}")
-        if report.get("recovered_lease"):
-            details.append(f"{host}: took over the expired switch lease of {report['recovered_lease'].get('owner')}")
+        recovered = report.get("recovered_lease")
+        if recovered and recovered.get("unreadable"):
+            details.append(f"{host}: took over a switch lease that could not be read - {recovered['unreadable']}")
+        elif recovered:
+            how = "broken (its run is gone)" if recovered.get("broken") else "expired"
+            details.append(f"{host}: took over the {how} switch lease of {recovered.get('owner')}")
         plan = report.get("plan")
         if plan:
             running = plan.get("running_requests")

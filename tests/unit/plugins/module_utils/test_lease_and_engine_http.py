@@ -232,3 +232,22 @@ def test_a_lease_given_back_while_its_work_still_runs_is_taken_only_once_that_wo
         os.close(work)
     taken = leases.acquire("next-run", 60, 0)
     assert taken.taken and taken.recovered is None
+
+
+@pytest.mark.parametrize(("content", "why"), [("{\"owner\": \"run-a\", \"acq", "is not a lease record (Unterminated string"),
+                                               ("[1, 2]", "is not a lease record (no owner and expiry)"),
+                                               ("{\"owner\": \"run-a\"}", "is not a lease record (no owner and expiry)")])
+def test_a_lease_file_that_cannot_be_read_is_taken_over_and_named_not_called_expired(store, content, why):
+    """Issue 42 (8): a damaged lease file (cut, edited by hand) names no owner. It is taken over as an expired lease
+    is, and the takeover says the file was unreadable and where it is; the table says so too."""
+    from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports as reports
+
+    leases, _clock = store
+    with open(leases.path, "w", encoding="utf-8") as handle:
+        handle.write(content)
+    taken = leases.acquire("run-b", 60, 0)
+    assert taken.taken and taken.holder["owner"] == "run-b"
+    assert taken.recovered["owner"] is None and taken.recovered["unreadable"].startswith(f"{leases.path} {why}")
+    document = {"hosts": {"node1": {"result": "switched", "recovered_lease": taken.recovered}}}
+    assert f"node1: took over a switch lease that could not be read - {leases.path} {why}" in reports.switch_table(document)
+    assert "expired" not in reports.switch_table(document)
