@@ -129,8 +129,7 @@ class LeaseStore:
                     if not dry_run:
                         self._write(record)
                     taken = current is None or recovered is not None
-                    return Acquired(taken, self._view(record), recovered and dict({"owner": recovered["owner"], "broken": broken},
-                                                                                  **({"unreadable": recovered["unreadable"]} if recovered.get("unreadable") else {})))
+                    return Acquired(taken, self._view(record), recovered and _recovered(recovered, broken))
             finally:
                 os.close(fd)
             if time.monotonic() >= deadline:
@@ -150,6 +149,14 @@ class LeaseStore:
             return True
         finally:
             os.close(fd)
+
+
+def _recovered(record: dict, broken: bool) -> dict:
+    """What a takeover says of the lease it took: its owner, whether it was broken, why it could not be read."""
+    said = {"owner": record["owner"], "broken": broken}
+    if record.get("unreadable"):
+        said["unreadable"] = record["unreadable"]
+    return said
 
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -40,7 +40,7 @@ def main() -> int:
     rc, seconds = switch("sglang", quiet=False)
     print(f"\nswitch_engine.yml took {seconds:.0f}s; JSON report: {REPO / 'reports' / 'switch_engine.json'} (docs/reports.md)")
     print(f"the run as a picture (timeline, GPUs, summary; open it in a browser): {REPO / 'reports' / 'switch_engine.html'}")
-    print("run `make demo` again: the lab is reused, SGLang already serves, and nothing changes. `make lab-down` removes it.")
+    print(f"run `make demo` again: the lab is reused, SGLang already serves, and nothing changes. `{lab.down_command()}` removes it.")
     return rc
 
 

