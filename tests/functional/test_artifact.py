@@ -6,6 +6,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import posixpath
+import re
 import socket
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from conftest import REPO
 
 BIN = Path(sys.executable).parent
 # What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
-ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png",
+ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png", "docs/examples/*.html",
            "playbooks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
            "plugins/modules/*.py", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
            "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
@@ -43,6 +45,22 @@ def installed(tmp_path_factory) -> dict:
                              capture_output=True, text=True, env=env, cwd=work, check=False)
     assert install.returncode == 0 and (collections / "ansible_collections/gpufleet/serving/MANIFEST.json").exists(), install.stdout
     return {"files": files, "collections": collections, "env": env, "cwd": work}
+
+
+def test_every_link_of_the_shipped_documents_reaches_a_file_that_ships(installed):
+    """Issue 42 (13): the README linked a 200-node example page the artifact left out. Every relative link of a
+    document that ships (README, docs, roles' READMEs) must name a file that ships too."""
+    shipped = set(installed["files"])
+    broken = []
+    for document in (name for name in shipped if name.endswith(".md")):
+        text = (REPO / document).read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"^[a-z]+://|^#|^mailto:", target):
+                continue
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(document), target.split("#", 1)[0]))
+            if resolved not in shipped:
+                broken.append(f"{document} -> {target}")
+    assert broken == [], broken
 
 
 def test_the_artifact_holds_only_allow_listed_files(installed):

@@ -246,3 +246,13 @@ def test_the_real_demo_names_the_lab_it_used_when_it_says_how_to_remove_it(lab_n
                            cwd=REPO, env={key: value for key, value in os.environ.items() if key != "GPUFLEET_LAB"},
                            capture_output=True, text=True, check=True).stdout.strip()
     assert plain == "make lab-down", "the default lab is removed by the README's plain command"
+
+
+def test_the_readme_is_short_and_gives_the_installed_collections_commands():
+    """Issue 42 (13): the README's commands are what a user of the installed collection types (the playbooks by their
+    FQCN), the checkout's paths named as the alternative; at most 170 lines, the detail in docs/."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 170
+    commands = re.findall(r"(?m)^ansible-playbook -i inventory\.ini (\S+)", text)
+    assert commands and all(name in ("gpufleet.serving.switch_engine", "gpufleet.serving.gpu_cleanup") for name in commands), commands
+    assert "`playbooks/switch_engine.yml`" in text, "the developer's path form is named"
