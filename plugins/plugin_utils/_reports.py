@@ -64,7 +64,22 @@ def process_summary(process: dict, held: dict | None = None) -> dict:
         summary["reason"] = process["reason"]
     if process.get("placement") and process.get("placement") != "listed_unit":
         summary["placement"] = process["placement"]
+        # outside the units: another user's (foreign), or the engines' own users' (an escaped worker)
+        if process.get("foreign") is not None:
+            summary["foreign"] = bool(process["foreign"])
     return summary
+
+
+def whose(process: dict) -> str:
+    """Why a process is signalled, for a --check line: its engine unit, an engine's escaped worker, another user's."""
+    where = process.get("unit") or "no unit"
+    if not process.get("placement"):
+        return f"in {where}"
+    if process.get("foreign"):
+        return f"ANOTHER USER'S: {process.get('user')}, {where}, {process['placement']}"
+    if process.get("foreign") is False:
+        return f"an engine's escaped worker: user {process.get('user')}, {where}"
+    return f"{where}, {process['placement']}"
 
 
 def unit_summary(result: dict, held: dict | None = None) -> dict:
@@ -484,9 +499,11 @@ def teardown_table(document: dict) -> str:
     for host, report in sorted((document.get("hosts") or {}).items()):
         units = report.get("units") or []
         stopped = [u["unit"] for u in units if u.get("changed")]
+        # in check mode nothing was stopped: the reading after is the one before, so it is not shown as a result
+        after = "not measured (--check)" if report.get("check_mode") else _memory(report.get("memory_after") or [])
         rows.append([host, report.get("result"), ",".join(stopped) or "-", len(_teardown_processes(report, "terminated")),
                      len(_teardown_processes(report, "killed")), len(report.get("protected") or []),
-                     _memory(report.get("memory_before") or []), _memory(report.get("memory_after") or [])])
+                     _memory(report.get("memory_before") or []), after])
         if report.get("result") == "failed":
             details.append(f"{host}: FAILED at '{report.get('failed_step')}': {report.get('reason')}")
         elif report.get("result") == "not_reached":
@@ -503,7 +520,7 @@ def teardown_table(document: dict) -> str:
             for process in report.get(kind) or []:
                 details.append(f"{host}: holder {kind} {process['pid']} {_shorten(process['cmdline'])}")
         for process in report.get("planned") or []:
-            details.append(f"{host}: would signal {process['pid']} {_shorten(process['cmdline'])}")
+            details.append(f"{host}: would signal {process['pid']} ({whose(process)}) {_shorten(process['cmdline'])}")
         for process in report.get("protected") or []:
             details.append(f"{host}: protected {process['pid']} {process.get('comm')} ({process.get('reason')})")
         for process in report.get("outside") or []:
@@ -570,7 +587,7 @@ def switch_table(document: dict) -> str:
             if changes:
                 details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")
             for process in plan.get("processes_to_signal") or []:
-                details.append(f"{host}: would signal {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
+                details.append(f"{host}: would signal {process.get('pid')} ({whose(process)}) {_shorten(process.get('cmdline') or '')}")
         for stage in (report.get("stage"), report.get("stage_draft")):
             if stage:
                 details.append(f"{host}: {stage_line(stage, bool(plan))}")

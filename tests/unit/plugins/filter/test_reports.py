@@ -242,7 +242,7 @@ def test_the_plan_separates_the_units_processes_from_other_holders():
     assert report["killed"] == [] and report["terminated"] == [], "check mode killed nothing"
     table = reports.switch_table(reports.switch_run_report({"node2": report}, {"check_mode": True}))
     assert "node2: would drain 2 running request(s), stop vllm.service (1 GPU process(es) in them), signal 1 other GPU process(es)" in table
-    assert "node2: would write sglang's unit (--diff shows the unit)" in table and "node2: would signal 51 python3" in table
+    assert "node2: would write sglang's unit (--diff shows the unit)" in table and "node2: would signal 51 (in no unit) python3" in table
     nothing = reports.switch_host_report(dict(planned_record(), previous="none", found=[]))
     assert "node2: would drain nothing (no engine running), stop" in reports.switch_table(reports.switch_run_report({"node2": nothing}, {}))
 
@@ -338,7 +338,24 @@ def test_teardown_table_lists_hosts_processes_and_failures():
 
 def test_check_mode_table_says_what_would_be_signalled():
     host = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [PROCESS]}))
-    assert "n: would signal 42 python3 -m sglang.launch_server" in reports.teardown_table({"hosts": {"n": host}})
+    assert "n: would signal 42 (in x) python3 -m sglang.launch_server" in reports.teardown_table({"hosts": {"n": host}})
+
+
+def test_check_mode_lines_say_whose_each_process_is_and_no_reading_after_is_shown():
+    """Issue 42 (11): --check named the processes it would signal without saying which were another user's and which
+    an engine's escaped worker; the cleanup's "MiB after" repeated the reading before. Each line says whose; the
+    column says it was not measured."""
+    escaped = dict(PROCESS, pid=50, user="vllm", unit="run-r1.scope", placement="elsewhere", foreign=False)
+    alice = dict(PROCESS, pid=51, user="alice", unit="session-4.scope", placement="session", foreign=True)
+    host = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [PROCESS, escaped, alice], "foreign": [alice]}))
+    assert host["planned"][1]["foreign"] is False and host["planned"][2]["foreign"] is True
+    table = reports.teardown_table({"hosts": {"n": host}, "check_mode": True})
+    assert "n: would signal 50 (an engine's escaped worker: user vllm, run-r1.scope) python3" in table
+    assert "n: would signal 51 (ANOTHER USER'S: alice, session-4.scope, session) python3" in table
+    row = table.splitlines()[2]
+    assert row.rstrip().endswith("not measured (--check)") and "0:0" not in row.split("  ")[-1]
+    real = reports.teardown_table({"hosts": {"n": reports.teardown_host_report(teardown_steps())}})
+    assert "not measured" not in real and real.splitlines()[2].rstrip().endswith("0:0")
 
 
 def test_switch_table_rows_and_details():
