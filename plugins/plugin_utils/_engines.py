@@ -78,6 +78,10 @@ class EngineArgsError(ValueError):
     pass
 
 
+# configuration keys whose values a message never shows
+SECRET_KEYS = ("api_key",)
+
+
 def variable(engine: str, key: str) -> str:
     """The role variable a configuration key comes from, for messages."""
     return VARIABLE_NAMES.get(engine, {}).get(key, f"{engine}_{key}")
@@ -100,7 +104,8 @@ class _Reader:
                 self.fail(key, "is required")
             return ""
         if isinstance(value, (dict, list, bool)):
-            self.fail(key, f"give a string, got {type(value).__name__} {value!r}")
+            shown = "" if key in SECRET_KEYS else f" {value!r}"  # a secret is named, never shown
+            self.fail(key, f"give a string, got {type(value).__name__}{shown}")
         return str(value)
 
     def number(self, key: str, kind=int, minimum=None, source: dict | None = None, name: str | None = None):

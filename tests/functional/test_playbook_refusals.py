@@ -98,3 +98,59 @@ def test_an_inventory_without_the_group_is_refused_naming_it(tmp_path, playbook,
                          "-e", f"gpu_cleanup_report_dir={reports}")
     assert "no host of the inventory matches" not in named.stdout + named.stderr
     assert json.loads((reports / playbook.replace(".yml", ".json")).read_text())["hosts"]["node1"]["result"] in ("unreachable", "not_reached")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["-e", "switch_engine_outside_units=kil"], "value of switch_engine_outside_units must be one of: fail, kill, report, got: kil"),
+    (["-e", "sglang_tensor_parallel_size=0"], "sglang role: sglang_tensor_parallel_size: must be at least 1, got '0'"),
+    (["-e", "vllm_tensor_parallel_size=0"], "vllm role: vllm_tensor_parallel_size: must be at least 1, got '0'"),
+])
+def test_a_bad_variable_is_refused_once_on_the_controller_with_the_whole_message(fleet, extra, message):
+    """Issue 42 (9): a variable out of its documented form was refused only on the canary, its message cut at
+    "Validation of arguments failed:", or hidden by a no_log task ("the output has been hidden"), or reported as a
+    failure at the lease. It is refused before any node is touched, once, the whole message naming every node."""
+    inventory, reports = fleet
+    run = run_playbook("switch_engine.yml", inventory, "-e", "target=sglang", "-e", f"switch_engine_report_dir={reports}", *extra)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and message in output, output[-3000:]
+    assert "has been hidden" not in output and "UNREACHABLE" not in output
+    assert output.count("FAILED!") == 1 and "PLAY [Switch each node" not in output, "refused once, before the canary's play"
+    assert "node1, node2: " in output, "one line names every node it concerns"
+
+
+def test_a_misspelt_variable_gets_a_warning_naming_the_real_one(fleet):
+    """Issue 42 (9): a variable with a role's prefix that nothing reads is named, with the closest real one; the run
+    goes on (here, to unreachable nodes)."""
+    inventory, reports = fleet
+    run = run_playbook("switch_engine.yml", inventory, "-e", "target=sglang", "-e", f"switch_engine_report_dir={reports}",
+                       "-e", "switch_engine_trget=vllm", "-e", "vllm_tensor_paralel_size=2")
+    output = run.stdout + run.stderr
+    assert "switch_engine_trget is not a variable of gpufleet.serving (it is ignored); did you mean switch_engine_target?" in output
+    assert "vllm_tensor_paralel_size is not a variable of gpufleet.serving (it is ignored); did you mean vllm_tensor_parallel_size?" in output
+    assert "switch_engine_serial is not" not in output
+
+
+def test_an_engine_roles_bad_variable_is_shown_not_hidden_by_its_no_log_task(tmp_path):
+    """Issue 42 (9): the engine role's facts task is no_log (it carries the API key), so a variable out of range showed
+    as "the output has been hidden". The message is shown - it never carries the key - and a good run stays hidden."""
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    play = tmp_path / "facts.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.include_role:\n        name: gpufleet.serving.vllm\n        tasks_from: facts\n")
+    bad = run_playbook(str(play), inventory, "-e", "vllm_model=/m", "-e", "vllm_tensor_parallel_size=0", "-e", "vllm_api_key=sk-SECRET-77")
+    output = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "vllm_tensor_parallel_size: must be at least 1, got '0'" in output, output[-2000:]
+    assert "has been hidden" not in output and "sk-SECRET-77" not in output
+    good = run_playbook(str(play), inventory, "-v", "-e", "vllm_model=/m", "-e", "vllm_api_key=sk-SECRET-77")
+    assert good.returncode == 0 and "sk-SECRET-77" not in good.stdout + good.stderr
+
+
+def test_the_cleanup_refuses_a_bad_variable_before_any_node_is_touched(fleet):
+    """Issue 42 (9), the cleanup: gpu_teardown_outside_units=kil is refused on the controller, whole, naming every node."""
+    inventory, reports = fleet
+    run = run_playbook("gpu_cleanup.yml", inventory, "-e", "gpu_teardown_outside_units=kil", "-e", f"gpu_cleanup_report_dir={reports}")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-2000:]
+    assert "node1, node2: gpu_teardown role: value of gpu_teardown_outside_units must be one of: kill, report, fail, got: kil" in output
+    assert "UNREACHABLE" not in output and "PLAY [Clean up the GPUs of every node]" not in output
