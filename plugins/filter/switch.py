@@ -26,4 +26,4 @@ class FilterModule:
         return {"cutover_engine": _wrapped(_switch.cutover_engine), "cutover_bound": _wrapped(_switch.cutover_bound),
                 "cutover_record": _wrapped(_switch.cutover_record), "observe_requests": _wrapped(_switch.observe_requests),
                 "observed": _wrapped(_switch.observed), "user_ready": _wrapped(_switch.user_ready),
-                "staged_model_dir": _wrapped(_switch.staged_model_dir)}
+                "staged_model_dir": _wrapped(_switch.staged_model_dir), "stage_jobs": _wrapped(_switch.stage_jobs)}

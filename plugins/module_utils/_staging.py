@@ -215,6 +215,11 @@ def prune_candidates(directories: list[dict], keep: list[str], models_root: str)
     return sorted(removable, key=lambda d: (d.get("used") or 0, d["path"]))
 
 
+def progress_path(dest: str) -> str:
+    """Where a download in progress says how far it got (bytes on the node, the total, the rate)."""
+    return dest.rstrip("/") + ".progress"
+
+
 def partial_path(dest: str) -> str:
     """Where a download goes until it is complete: never taken for a model (the engines are pointed at dest)."""
     return dest.rstrip("/") + PARTIAL_SUFFIX

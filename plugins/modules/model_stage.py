@@ -166,7 +166,9 @@ problems:
   elements: str
 """
 
+import contextlib
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -261,9 +263,30 @@ def read_token(path: str | None) -> str | None:
         return source.read().strip() or None
 
 
-def download(params: dict, token: str | None, partial: str, fetch_bytes: int, disk: Disk) -> float:
-    """snapshot_download in a child process, so that the timeout holds (its worker threads go with it)."""
+PROGRESS_SECONDS = 1.0
+
+
+def write_progress(path: str, done: int, total: int, started: float, first_done: int) -> None:
+    """Bytes on the node of the total, and the rate since this run began: read by gpufleet.serving.job_wait."""
+    elapsed = time.monotonic() - started
+    rate = (done - first_done) / elapsed / staging.MIB if elapsed > 0 else None
+    partial = path + ".new"
+    with open(partial, "w", encoding="utf-8") as handle:
+        json.dump({"bytes_done": done, "bytes_total": total, "seconds": round(elapsed, 1),
+                   "rate_mib_s": round(rate, 1) if rate is not None else None}, handle)
+    os.replace(partial, path)
+
+
+def download(params: dict, token: str | None, partial: str, fetch_bytes: int, disk: Disk, total_bytes: int = 0) -> float:
+    """snapshot_download in a child process, so that the timeout holds (its worker threads go with it). While it runs,
+    the bytes on the node are written to <dest>.progress every second (the switch's wait shows them)."""
     started = time.monotonic()
+    progress = staging.progress_path(params["dest"])
+
+    def on_node() -> int:
+        return (sum(disk.listing(partial).files.values()) if os.path.isdir(partial) else 0) + disk.incomplete_bytes(partial)
+
+    first_done, shown = on_node(), 0.0
     reader, writer = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child reports through the pipe and its exit status
@@ -288,6 +311,10 @@ def download(params: dict, token: str | None, partial: str, fetch_bytes: int, di
             have = sum(disk.listing(partial).files.values()) if os.path.isdir(partial) else 0
             raise Error(f"{params['source']}: not downloaded within timeout {params['timeout']:g}s ({have / 2**30:.2f} of "
                         f"{fetch_bytes / 2**30:.2f} GiB in {partial}); a rerun resumes from there")
+        if total_bytes and time.monotonic() - shown >= PROGRESS_SECONDS:
+            shown = time.monotonic()
+            with contextlib.suppress(OSError):  # progress is for the operator's eyes: never a reason to stop a download
+                write_progress(progress, on_node(), total_bytes, started, first_done)
         time.sleep(0.2)
     message = os.read(reader, 4096).decode(errors="replace")
     os.close(reader)
@@ -373,7 +400,11 @@ def fetch_into_place(module: AnsibleModule, disk: Disk, result: dict, plan: stag
         shutil.rmtree(candidate["path"])
     # an interrupted run's half-fetched files: huggingface_hub resumes them with Range requests, so this run fetches less
     resumed = disk.incomplete_bytes(partial)
-    seconds = download(params, token, partial, plan.fetch_bytes, disk)
+    try:
+        seconds = download(params, token, partial, plan.fetch_bytes, disk, total_bytes=sum(expected.values()))
+    finally:
+        if os.path.exists(staging.progress_path(dest)):
+            os.unlink(staging.progress_path(dest))
     problems = staging.checkpoint_problems(disk.listing(partial), expected)
     if problems:
         module.fail_json(msg=f"{params['source']}: the download is incomplete ({'; '.join(problems[:5])}); a rerun resumes it", **result)

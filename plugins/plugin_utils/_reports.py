@@ -102,10 +102,11 @@ def gpu_summary(gpu: dict) -> dict:
 def failure_reason(result: dict | None) -> str:
     """The message of a failed task result, looped or not."""
     result = result or {}
-    if result.get("msg"):
-        return str(result["msg"])
-    looped = [str(item.get("msg")) for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed")]
-    return "; ".join(looped) or "failed without a message"
+    # a looped task's own msg is Ansible's "One or more items failed": the items' messages are the reason
+    looped = [str(item.get("msg")) for item in result.get("results") or [] if isinstance(item, dict) and item.get("failed") and item.get("msg")]
+    if looped:
+        return "; ".join(looped)
+    return str(result["msg"]) if result.get("msg") else "failed without a message"
 
 
 # --- gpu_teardown: one host ---------------------------------------------------------------------------------------------

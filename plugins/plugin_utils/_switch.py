@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source
+from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source, progress_path
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
 # preflight_failed and failed: the cutover's preflight or its files stopped it before the drain (nothing was stopped)
@@ -115,6 +115,13 @@ def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> b
     if not found.get("exists") or int(found.get("mode") or "0", 8) % 8 >= 6:
         return True
     return found.get("group") in (account.get("groups") or [])
+
+
+def stage_jobs(started: list) -> list[dict]:
+    """The background downloads started by a looped model_stage task (its registered results), as job_wait takes them:
+    job id, the source for the lines, the progress file the module writes beside its destination."""
+    return [{"jid": job["ansible_job_id"], "label": job["item"]["source"], "progress": progress_path(job["item"]["dest"])}
+            for job in started if job.get("ansible_job_id")]
 
 
 def staged_model_dir(model: str, revision: str, root: str) -> str:

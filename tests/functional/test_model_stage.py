@@ -10,10 +10,11 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_module
+from conftest import REPO, run_module, start_module
 
 pytest.importorskip("huggingface_hub")
 ENDPOINT = REPO / "tests" / "sim" / "hf_endpoint.py"
@@ -143,3 +144,27 @@ def test_a_local_checkpoint_missing_a_shard_or_cut_short_is_named(tmp_path, hub)
     shard.unlink()
     missing = run_module("model_stage", {"source": str(local)})
     assert missing.failed and "named by model.safetensors.index.json, is missing" in missing["msg"]
+
+
+def test_a_download_writes_its_progress_beside_its_destination_while_it_runs(tmp_path, hub):
+    """Issue 42 (6): while the download runs, <dest>.progress holds the bytes on the node of the total and the rate
+    (the switch's wait prints them); it is gone once the model is in place."""
+    repository, start = hub
+    # huggingface_hub writes a file 10 MB at a time: a 24 MiB file at 8 MiB/s shows on the node while it comes
+    (repository / "tokenizer.model").write_bytes(os.urandom(24 * MIB))
+    dest = tmp_path / "models" / "tiny"
+    total = sum(path.stat().st_size for path in repository.iterdir())
+    progress = Path(f"{dest}.progress")
+    module = start_module("model_stage", stage_args(start(rate_mib=8), dest))
+    seen = []
+    try:
+        deadline = time.monotonic() + 30
+        while module.poll() is None and time.monotonic() < deadline:
+            if progress.exists():
+                seen.append(json.loads(progress.read_text()))
+            time.sleep(0.3)
+    finally:
+        out, _err = module.communicate(timeout=60)
+    assert json.loads(out)["changed"] and dest.is_dir() and not progress.exists()
+    assert seen and all(reading["bytes_total"] == total for reading in seen)
+    assert any(0 < reading["bytes_done"] < total and (reading["rate_mib_s"] or 0) > 0 for reading in seen), seen
