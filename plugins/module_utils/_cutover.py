@@ -24,6 +24,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._validate import 
 
 # the teardown's steps, named as gpu_teardown's record names them (gpufleet.serving.teardown_host_report reads both)
 TEARDOWN_STEPS = ("before", "units", "holders", "after")
+# the node's record of its last cutover (engine_observe reads it back for the next run's report)
+RECORD_PATH = "/var/lib/gpufleet-serving/last_cutover.json"
 
 
 class NotServing(Error):
@@ -293,6 +295,12 @@ def rollback(request: CutoverRequest, ops: NodeOps) -> dict:
         ops.start(request.previous.unit)
         ops.wait_ready(request.previous, request.previous.ready_timeout)
     return steps
+
+
+def node_record(request: CutoverRequest, result: dict, run_id: str | None, finished: float) -> dict:
+    """What the node keeps of a cutover for the next run: whose it was, from what to what, how it ended and when."""
+    return {"run_id": run_id, "target": request.target.engine, "previous": request.previous.engine if request.previous else None,
+            "result": result["result"], "reason": result.get("reason"), "finished": round(finished, 3)}
 
 
 def set_boot(request: CutoverRequest, ops: NodeOps, enable: str | None, result: dict) -> None:

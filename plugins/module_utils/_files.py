@@ -90,19 +90,23 @@ def difference(wanted: WantedFile) -> tuple[list[str], str | None]:
 
 def write(wanted: WantedFile, directory_mode: int) -> None:
     """The whole file, its mode and owner set before it is renamed into place."""
-    uid, gid = wanted.ids()
-    directory = os.path.dirname(wanted.path)
+    write_atomically(wanted.path, wanted.content, wanted.mode, *wanted.ids(), directory_mode=directory_mode)
+
+
+def write_atomically(path: str, content: str, mode: int, uid: int = 0, gid: int = 0, directory_mode: int = 0o755) -> None:
+    """``content`` at ``path``, whole or not at all: written, synced and given its mode and owner, then renamed."""
+    directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         os.makedirs(directory, mode=directory_mode, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(wanted.path)}.", dir=directory)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
-        os.fchmod(descriptor, wanted.mode)
+        os.fchmod(descriptor, mode)
         os.fchown(descriptor, uid, gid)
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(wanted.content.encode())
+            handle.write(content.encode())
             handle.flush()
             os.fsync(handle.fileno())
-        os.rename(temporary, wanted.path)
+        os.rename(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)

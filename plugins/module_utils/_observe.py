@@ -13,6 +13,7 @@ reads go through one seam, NodeReader, which the module builds from the other mo
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -118,3 +119,15 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, us
     return {"engines": found, "paths": {path: reader.exists(path) for path in dict.fromkeys(paths)},
             "users": {name: reader.user(name) for name in dict.fromkeys(users or [])},
             "devices": {path: reader.device(path) for path in dict.fromkeys(devices or [])}}
+
+
+def last_cutover(path: str | None) -> dict | None:
+    """The node's record of its last cutover (engine_cutover's record_path), or None: none yet, or unreadable."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("result") else None

@@ -273,6 +273,15 @@ options:
     description: Seconds the renewal holds the lease - at least the cutover's RV(longest_run) plus the caller's margin.
     type: float
     default: 3600
+  record_path:
+    description:
+      - The node's record of its last cutover, written when the cutover ends whatever its result - the run id
+        (O(run_id), else O(lease_owner)), the target and the previous engine, the result, its reason and when. A run
+        interrupted on the controller goes on to its end on the node: the next run reads this record
+        (M(gpufleet.serving.engine_observe)'s RV(gpufleet.serving.engine_observe#module:last_cutover)) and reports it.
+      - Empty - no record.
+    type: str
+    default: /var/lib/gpufleet-serving/last_cutover.json
 requirements:
   - systemd
   - nvidia-ml-py on the managed node
@@ -375,12 +384,17 @@ lease_released:
   description: Whether the cutover gave the lease back (O(release_lease)).
   returned: always
   type: bool
+record:
+  description: The record written to O(record_path) (run_id, target, previous, result, reason, finished), or null.
+  returned: always
+  type: dict
 longest_run:
   description: An upper bound of this task's waits, in seconds.
   returned: always
   type: float
 """
 
+import json
 import os
 import shutil
 import signal
@@ -456,6 +470,7 @@ ARGUMENT_SPEC = dict(
     lease_seconds=dict(type="float", default=3600),
     journal_path=dict(type="str", default=journal.DEFAULT_PATH),
     run_id=dict(type="str"),
+    record_path=dict(type="str", default=cutover.RECORD_PATH),
 )
 
 
@@ -572,12 +587,21 @@ class Node(cutover.NodeOps):
             return {}
 
 
-def finish(result: dict, params: dict, store: lease.LeaseStore) -> None:
-    """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the lease given back."""
+def finish(result: dict, params: dict, store: lease.LeaseStore, request: cutover.CutoverRequest) -> None:
+    """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the node's record of
+    it written (read by the next run, whatever became of this one's controller), the lease given back."""
     if result["result"] in ("switched", "rolled_back"):
         for path in params["clear_paths"]:
             if os.path.lexists(path):
                 os.unlink(path)
+    result["record"] = None
+    if params["record_path"]:
+        record = cutover.node_record(request, result, params["run_id"] or params["lease_owner"], time.time())
+        try:
+            files.write_atomically(params["record_path"], json.dumps(record) + "\n", 0o644)
+            result["record"] = record
+        except OSError as exc:  # the engine serves (or the rollback's does): the record is for the next run's report
+            result["record_error"] = f"{params['record_path']}: {exc.strerror or exc}"
     result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and store.release(params["lease_owner"]))
 
 
@@ -611,7 +635,7 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
-                boot=None, boot_error=None, lease_released=False, preflight=None, files=None)
+                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None)
 
 
 def main() -> None:
@@ -638,14 +662,15 @@ def main() -> None:
         if params["lease_owner"]:
             renewed = store.acquire(params["lease_owner"], params["lease_seconds"], 0)
             if renewed.holder["owner"] != params["lease_owner"]:
-                module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run, lease_released=False,
+                module.exit_json(changed=False, result="lease_lost", holder=renewed.holder, marks=[], longest_run=request.longest_run,
+                                 lease_released=False, record=None,
                                  reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
         # a controller interrupted or gone mid-cutover must not leave the node half switched: the cutover goes on to its
         # end (the target serving, or the previous engine again), and the work lock makes the next run wait for it
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         with host_lock(store.work_path, 5):
             result = cutover.cutover(request, node, Clock(), time.time())
-        finish(result, params, store)
+        finish(result, params, store, request)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     module.exit_json(longest_run=request.longest_run, **result)

@@ -123,6 +123,10 @@ options:
     description: Seconds each version read and each readiness request may take.
     type: float
     default: 10
+  record_path:
+    description: The node's record of its last cutover (M(gpufleet.serving.engine_cutover)'s O(gpufleet.serving.engine_cutover#module:record_path)).
+    type: str
+    default: /var/lib/gpufleet-serving/last_cutover.json
   lease:
     description:
       - A host lease taken (or renewed) first, as M(gpufleet.serving.host_lease) takes it with no wait, so that a switch
@@ -206,6 +210,13 @@ devices:
   returned: always
   type: dict
   sample: {/dev/nvidiactl: {exists: true, group: video, mode: "0660"}}
+last_cutover:
+  description:
+    - The node's record of its last cutover - C(run_id), C(target), C(previous), C(result), C(reason), C(finished)
+      (unix time) - or null when there is none (or it cannot be read). A run whose controller was interrupted goes on to
+      its end on the node; the next run reports what it did from here.
+  returned: always
+  type: dict
 lease:
   description:
     - O(lease) as taken - C(taken), C(holder) (C(owner), C(age), C(expires_in)), C(recovered) (the expired or broken
@@ -243,6 +254,7 @@ ARGUMENT_SPEC = dict(
     timeout=dict(type="float", default=10),
     lease=dict(type="dict", options=dict(name=dict(type="str", default="switch_engine"), owner=dict(type="str", required=True),
                                          lease_seconds=dict(type="float", required=True), break_owner=dict(type="str"))),
+    record_path=dict(type="str", default="/var/lib/gpufleet-serving/last_cutover.json"),
 )
 
 
@@ -316,9 +328,10 @@ def main() -> None:
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
-            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={})
+            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None)
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
+        result["last_cutover"] = observe.last_cutover(module.params["record_path"])
     except OSError as exc:
         module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:

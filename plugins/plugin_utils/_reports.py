@@ -278,6 +278,12 @@ def engine_label(report: dict, side: str) -> str:
     return f"{name} {identity['version']}" if identity.get("version") else name
 
 
+def _other_runs(last: dict | None, run_id: str | None) -> dict | None:
+    if not last or (run_id and last.get("run_id") == run_id):
+        return None
+    return {key: last.get(key) for key in ("run_id", "target", "previous", "result", "reason")} | {"finished": _iso(last.get("finished"))}
+
+
 def switch_host_report(record: dict) -> dict:
     """The switch_engine record of one host, from what the switch_engine role noted while it ran.
 
@@ -318,6 +324,9 @@ def switch_host_report(record: dict) -> dict:
         "failed_phase": (phases[-1] if phases else None) if result not in SWITCH_SUCCESSES else None,
         "rollback_error": outcome.get("rollback_error"),
         "recovered_lease": lease.get("recovered"),
+        # the node's record of its last cutover when another run did it (one interrupted on its controller goes on to
+        # its end on the node): what that run did, which its own report may never have said
+        "last_cutover": _other_runs(record.get("last_cutover"), record.get("run_id")),
         "started": _iso(marks[0][1]) if marks else None,
         "finished": _iso(marks[-1][1]) if marks and marks[-1][0] == "end" else None,
         "durations_s": durations,
@@ -375,7 +384,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
     return {"result": NOT_REACHED, "from": None, "to": target, "from_engine": None, "to_engine": None,
             "engines_found": [], "engines_serving": None if serving is None else list(serving),
             "reason": reason, "failed_phase": None,
-            "rollback_error": None, "recovered_lease": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
+            "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
@@ -561,6 +570,10 @@ def switch_table(document: dict) -> str:
             details.append(f"{host}: {report['result']}{phase}: {report['reason']}")
         if report.get("rollback_error"):
             details.append(f"{host}: ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}")
+        last = report.get("last_cutover")
+        if last and report.get("result") != SWITCHED:
+            details.append(f"{host}: its last cutover was another run's ({last.get('run_id')}, {last.get('finished')}): "
+                           f"{last.get('result')} from {last.get('previous') or 'none'} to {last.get('target')}")
         recovered = report.get("recovered_lease")
         if recovered and recovered.get("unreadable"):
             details.append(f"{host}: took over a switch lease that could not be read - {recovered['unreadable']}")

@@ -450,3 +450,18 @@ def test_a_process_stopped_with_its_unit_keeps_the_gpus_it_held_when_observed():
     assert [(p["pid"], p["gpus"]) for p in unit["terminated"]] == [(43, [0, 1])]
     switch = reports.switch_host_report(switch_record(teardown=report))
     assert (43, [0, 1]) in [(p["pid"], p["gpus"]) for p in switch["terminated"]]
+
+
+def test_a_rerun_reports_what_an_interrupted_runs_cutover_did_from_the_nodes_record():
+    """Issue 42 (12): after Ctrl-C the interrupted run's cutover went on to its end on the node; the rerun found it
+    unchanged and said nothing of it. Its report keeps the node's record of that cutover, the table a line."""
+    last = {"run_id": "20261204T170000-ctl-1.2-3", "target": "sglang", "previous": "vllm", "result": "switched", "reason": None,
+            "finished": T0}
+    unchanged = reports.switch_host_report(switch_record("unchanged", run_id="20261204T171000-ctl-9.9-9", last_cutover=last))
+    kept = unchanged["last_cutover"]
+    assert {key: kept[key] for key in ("run_id", "target", "previous", "result")} == {key: last[key] for key in ("run_id", "target", "previous", "result")}
+    assert kept["finished"] == reports.switch_host_report(switch_record("unchanged", marks=[["end", T0]]))["finished"], "as the report's times are written"
+    table = reports.switch_table({"hosts": {"node1": unchanged}})
+    assert "node1: its last cutover was another run's (20261204T170000-ctl-1.2-3, " in table and "switched from vllm to sglang" in table
+    own = reports.switch_host_report(switch_record("switched", run_id=last["run_id"], last_cutover=last))
+    assert own["last_cutover"] is None, "this run's own cutover is the report itself"

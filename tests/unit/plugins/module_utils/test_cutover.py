@@ -290,12 +290,13 @@ def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ende
 
     store = lease.LeaseStore("switch_engine", str(tmp_path))
     mark = tmp_path / "staged"
-    params = {"clear_paths": [str(mark)], "release_lease": True, "lease_owner": "run-1"}
+    params = {"clear_paths": [str(mark)], "release_lease": True, "lease_owner": "run-1", "run_id": None, "record_path": ""}
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM)
 
     def attempt(result):
         mark.write_text("run-1\n")
         store.acquire("run-1", 60, 0)
-        engine_cutover.finish(result, params, store)
+        engine_cutover.finish(result, params, store, request)
         return result["lease_released"], mark.exists(), store.acquire("run-2", 60, 0).holder["owner"]
 
     assert attempt({"result": "switched", "soak": {"passed": True}}) == (True, False, "run-2")
@@ -305,8 +306,33 @@ def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ende
     assert attempt({"result": "rollback_failed", "soak": None}) == (True, True, "run-2"), "no engine serves: the mark stays"
     store.release("run-2")
     store.acquire("run-1", 60, 0)
-    engine_cutover.finish(result := {"result": "switched"}, dict(params, release_lease=False), store)
+    engine_cutover.finish(result := {"result": "switched"}, dict(params, release_lease=False), store, request)
     assert result["lease_released"] is False and store.acquire("run-2", 60, 0).holder["owner"] == "run-1"
+
+
+def test_the_cutover_leaves_the_node_a_record_of_how_it_ended_for_the_next_run(tmp_path):
+    """Issue 42 (12): the record the next run reads (engine_observe's last_cutover): whose run, from what to what, how
+    it ended and when - written whole, whatever the result; an unwritable one is noted, never a failure."""
+    import json
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
+    from ansible_collections.gpufleet.serving.plugins.modules import engine_cutover
+
+    store = lease.LeaseStore("switch_engine", str(tmp_path))
+    path = tmp_path / "state" / "last_cutover.json"
+    params = {"clear_paths": [], "release_lease": False, "lease_owner": "run-7", "run_id": None, "record_path": str(path)}
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM)
+    engine_cutover.finish(result := {"result": "rolled_back", "reason": "bring_up: did not serve"}, params, store, request)
+    written = json.loads(path.read_text())
+    assert written == result["record"] and {key: written[key] for key in ("run_id", "target", "previous", "result", "reason")} == {
+        "run_id": "run-7", "target": "sglang", "previous": "vllm", "result": "rolled_back", "reason": "bring_up: did not serve"}
+    assert observe.last_cutover(str(path)) == written
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    engine_cutover.finish(result := {"result": "switched"}, dict(params, record_path=str(blocked / "x.json")), store, request)
+    assert result["record"] is None and result["record_error"].startswith(str(blocked / "x.json"))
+    assert observe.last_cutover(str(tmp_path / "none.json")) is None
 
 
 def test_a_prewarm_asked_for_reads_the_weights_before_the_drain_and_never_stops_the_switch():
