@@ -277,8 +277,8 @@ options:
     description:
       - The node's record of its last cutover, written when the cutover ends whatever its result - the run id
         (O(run_id), else O(lease_owner)), the target and the previous engine, the result, its reason and when. A run
-        interrupted on the controller goes on to its end on the node: the next run reads this record
-        (M(gpufleet.serving.engine_observe)'s RV(gpufleet.serving.engine_observe#module:last_cutover)) and reports it.
+        interrupted on the controller goes on to its end on the node, and the next run reads this record (the
+        C(last_cutover) that M(gpufleet.serving.engine_observe) returns) and reports it.
       - Empty - no record.
     type: str
     default: /var/lib/gpufleet-serving/last_cutover.json
