@@ -61,4 +61,5 @@ class FilterModule:
     def filters(self):
         return {"engine_facts": engine_facts, "engine_secrets": engine_secrets, "unauthenticated_binds": unauthenticated_binds,
                 "unit_command": _engines.unit_command, "engine_identity": engine_identity, "matches_pin": _versions.matches_pin,
+                "reported_version": _versions.reported_version,
                 "virtualenvs_to_prune": virtualenvs_to_prune}

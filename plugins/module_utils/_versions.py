@@ -62,6 +62,14 @@ def matches_pin(installed: str | None, pin: str | None) -> bool:
     return installed is not None and (installed == pin or public(installed) == public(pin))
 
 
+def reported_version(installed: str | None, pin: str | None) -> str | None:
+    """The version a report names for the engine a switch brings up: what is installed (0.32.0+cpu, a local build of
+    the pin 0.32.0) when it is the pin; the pin when another version is there now (the switch installs the pin)."""
+    if installed and matches_pin(installed, pin):
+        return installed
+    return pin or installed
+
+
 def virtualenvs_to_prune(found: list[dict], keep: int, current: str, previous: str | None = None) -> list[str]:
     """The virtualenvs of ``found`` ([{path, installed: unix time}]) beyond the ``keep`` newest, oldest first.
 

@@ -64,19 +64,31 @@ NODE_COLLECTION = "/opt/gpufleet-collection"  # the modules, importable on a nod
 RUN_OPTIONS = ["--runtime", "runc", "--privileged", "--systemd=always", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
                "--shm-size", "1g"]
 
-VLLM_WRAPPER = """#!/bin/sh
+# Console scripts, as pip installs the real engines' (a Python #! line): their version is read from the package metadata
+# beside them (STAND_IN_VERSIONS), as a real install's is.
+VLLM_WRAPPER = """#!/usr/bin/python3
 # Test double of vLLM's CLI: `vllm serve MODEL ...`, `vllm --version` (the simulated lab's engine, not vLLM)
-[ "$1" = --version ] && exec python3 /opt/gpufleet-tests/sim/engine_double.py --version vllm
-[ "$1" = serve ] || { echo "usage: vllm serve MODEL [options]" >&2; exit 2; }
-shift
-exec python3 /opt/gpufleet-tests/sim/engine_double.py vllm "$@"
+import os
+import sys
+
+DOUBLE = "/opt/gpufleet-tests/sim/engine_double.py"
+if sys.argv[1:2] == ["--version"]:
+    os.execv(sys.executable, [sys.executable, DOUBLE, "--version", "vllm"])
+if sys.argv[1:2] != ["serve"]:
+    sys.exit("usage: vllm serve MODEL [options]")
+os.execv(sys.executable, [sys.executable, DOUBLE, "vllm", *sys.argv[2:]])
 """
-SGLANG_WRAPPER = """#!/bin/sh
+SGLANG_WRAPPER = """#!/usr/bin/python3
 # Test double of SGLang's CLI: `sglang serve ...` (the simulated lab's engine, not SGLang)
-[ "$1" = serve ] || { echo "usage: sglang serve --model-path MODEL [options]" >&2; exit 2; }
-shift
-exec python3 /opt/gpufleet-tests/sim/engine_double.py sglang "$@"
+import os
+import sys
+
+if sys.argv[1:2] != ["serve"]:
+    sys.exit("usage: sglang serve --model-path MODEL [options]")
+os.execv(sys.executable, [sys.executable, "/opt/gpufleet-tests/sim/engine_double.py", "sglang", *sys.argv[2:]])
 """
+# the versions of vLLM and SGLang whose command lines the doubles take
+STAND_IN_VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 SGLANG_LAUNCH_SERVER = """# Test double of `python -m sglang.launch_server` (the simulated lab's engine, not SGLang)
 import runpy
 import sys
@@ -140,7 +152,7 @@ def image_tag() -> str:
     digest = hashlib.sha256()
     digest.update(" ".join(PACKAGES).encode())
     digest.update(RECIPE_VERSION.encode())
-    for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, SGLANG_INIT, NODE_SETUP_UNIT):
+    for text in (VLLM_WRAPPER, SGLANG_WRAPPER, SGLANG_LAUNCH_SERVER, SGLANG_INIT, NODE_SETUP_UNIT, repr(STAND_IN_VERSIONS)):
         digest.update(text.encode())
     digest.update(LIBRARY_SOURCE.read_bytes())
     return digest.hexdigest()[:12]
@@ -175,6 +187,10 @@ def build_image() -> str:
         (site / "sglang").mkdir(parents=True, exist_ok=True)
         (site / "sglang" / "__init__.py").write_text(SGLANG_INIT)
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
+        for name, version in STAND_IN_VERSIONS.items():
+            metadata = site / f"{name}-{version}.dist-info"
+            metadata.mkdir(parents=True, exist_ok=True)
+            (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         shutil.copy(library, rootfs / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
         (rootfs / NODE_TESTS.lstrip("/")).mkdir(parents=True)
         for name, text in (("vllm", VLLM_WRAPPER), ("sglang", SGLANG_WRAPPER)):

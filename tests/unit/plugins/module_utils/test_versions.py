@@ -84,3 +84,13 @@ def test_the_role_s_facts_say_where_versions_sit_side_by_side():
         engines.engine_facts(dict(base, virtualenv="/opt/vllm/0.34.0", virtualenvs_keep=0), "vllm")
     with pytest.raises(engines.EngineArgsError, match="vllm_virtualenvs_root: give an absolute directory other than /"):
         engines.engine_facts(dict(base, virtualenv="/opt/vllm/0.34.0", virtualenvs_root="opt"), "vllm")
+
+
+def test_the_report_names_what_is_installed_a_local_build_of_the_pin_included():
+    """Issue 42 (4): vLLM's CPU build installed as 0.32.0+cpu for the pin 0.32.0 is the pin, and the report names it
+    as installed; another version there now is replaced by the pin, which the report names; no pin - what is there."""
+    assert versions.reported_version("0.32.0+cpu", "0.32.0") == "0.32.0+cpu"
+    assert versions.reported_version("0.31.1", "0.32.0") == "0.32.0"
+    assert versions.reported_version(None, "0.32.0") == "0.32.0"
+    assert versions.reported_version("0.5.23", None) == "0.5.23"
+    assert versions.reported_version(None, None) is None
