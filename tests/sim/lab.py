@@ -42,6 +42,8 @@ FIRST_SSH_PORT = int(os.environ.get("GPUFLEET_LAB_PORT") or 2221)
 def down_command() -> str:
     """The command that removes this lab - and only this one (another lab may run beside it)."""
     return "make lab-down" if LAB_NAME == "lab" else f"GPUFLEET_LAB={LAB_NAME} make lab-down"
+
+
 # Model directories (tests/sim/model_files.py), shared read-only by every node of every lab at /models; the size of
 # the main model's weights in MiB (the tests' default is small; the switch benchmark uses GiBs).
 MODELS = REPO / "build" / "models"

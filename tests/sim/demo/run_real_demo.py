@@ -55,6 +55,5 @@ def closing_line() -> str:
     return f"\nreports: {REPORTS}/switch_engine.json and .html; `{lab.down_command()}` removes the lab"
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -234,9 +234,11 @@ def test_a_lease_given_back_while_its_work_still_runs_is_taken_only_once_that_wo
     assert taken.taken and taken.recovered is None
 
 
-@pytest.mark.parametrize(("content", "why"), [("{\"owner\": \"run-a\", \"acq", "is not a lease record (Unterminated string"),
-                                               ("[1, 2]", "is not a lease record (no owner and expiry)"),
-                                               ("{\"owner\": \"run-a\"}", "is not a lease record (no owner and expiry)")])
+@pytest.mark.parametrize(("content", "why"), [
+    ("{\"owner\": \"run-a\", \"acq", "is not a lease record (Unterminated string"),
+    ("[1, 2]", "is not a lease record (no owner and expiry)"),
+    ("{\"owner\": \"run-a\"}", "is not a lease record (no owner and expiry)"),
+])
 def test_a_lease_file_that_cannot_be_read_is_taken_over_and_named_not_called_expired(store, content, why):
     """Issue 42 (8): a damaged lease file (cut, edited by hand) names no owner. It is taken over as an expired lease
     is, and the takeover says the file was unreadable and where it is; the table says so too."""
