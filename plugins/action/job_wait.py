@@ -44,6 +44,8 @@ class ActionModule(ActionBase):
         timeout = float(self._task.args.get("timeout", 3600))
         interval = float(self._task.args.get("interval", 2))
         report_every = float(self._task.args.get("report_every", 10))
+        # where async_wrapper keeps the jobs' results, as ansible.builtin.async_status finds it
+        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         started = time.monotonic()
         finished: dict = {}
         shown = started
@@ -51,8 +53,8 @@ class ActionModule(ActionBase):
         while True:
             for job in jobs:
                 if job["jid"] not in finished:
-                    status = self._execute_module(module_name="ansible.legacy.async_status", module_args={"jid": job["jid"]},
-                                                  task_vars=task_vars)
+                    status = self._execute_module(module_name="ansible.legacy.async_status",
+                                                  module_args={"jid": job["jid"], "_async_dir": async_dir}, task_vars=task_vars)
                     if status.get("finished") or status.get("failed") and "finished" not in status:
                         finished[job["jid"]] = status
             pending = [job for job in jobs if job["jid"] not in finished]
