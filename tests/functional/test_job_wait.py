@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,7 @@ def test_the_wait_prints_each_jobs_progress_and_fails_with_a_failed_jobs_own_mes
                           "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
                          capture_output=True, text=True, env=env, timeout=120, check=False)
     output = run.stdout + run.stderr
-    assert "localhost: demo: 0.50 of 1.00 GiB (50 %), 42.0 MiB/s" in output, output[-3000:]
+    # which quarter is shown depends on the machine's pace; each line says it the same way
+    assert re.search(r"localhost: demo: [01]\.[0-9]{2} of 1\.00 GiB \((25|50|75|100) %\), 42\.0 MiB/s", output), output[-3000:]
     assert "RETRYING" not in output and "All assertions passed" in output
     assert run.returncode != 0 and "not enough room: 3.00 GiB to fetch" in output.split("Wait for the second")[-1]
