@@ -73,7 +73,7 @@ def time_scan(device: Path) -> tuple[float, set[int]]:
 
 
 def time_module(device: Path) -> tuple[float, set[int]]:
-    args = json.dumps({"ANSIBLE_MODULE_ARGS": {"device_paths": [str(device)], "sources": ["proc"], "_ansible_check_mode": True}})
+    args = json.dumps({"ANSIBLE_MODULE_ARGS": {"device_paths": [str(device)], "sources": ["proc"], "outside_units": "kill", "_ansible_check_mode": True}})
     env = dict(os.environ, PYTHONPATH=str(REPO / "collections"))
     started = time.perf_counter()
     run = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "ansible_collections.gpufleet.serving.plugins.modules.gpu_holders_kill", args],

@@ -77,7 +77,7 @@ def run_recipe() -> float:
 
 def run_modules() -> float:
     """The three modules run directly on the node, one after the other: the work without Ansible's own costs."""
-    calls = [("systemd_stop_hard", {"name": "vllm.service"}), ("gpu_holders_kill", {}), ("gpu_memory_assert", {"expected_count": 8})]
+    calls = [("systemd_stop_hard", {"name": "vllm.service"}), ("gpu_holders_kill", {"outside_units": "kill"}), ("gpu_memory_assert", {"expected_count": 8})]
     script = " && ".join(
         f"python3 -m ansible_collections.gpufleet.serving.plugins.modules.{name} '{json.dumps({'ANSIBLE_MODULE_ARGS': args})}' > /dev/null"
         for name, args in calls)

@@ -179,11 +179,11 @@ def main_gpu_case(lab: Lab, gpu: int, gib: int, pinned_gib: int) -> dict:
     before, _seconds = lab.module("gpu_memory_assert", {"timeout": 0})
     report["assert_before"] = {"failed": before.get("failed"), "dirty": before.get("dirty"),
                                "classification": (before.get("details") or {}).get(str(gpu), {}).get("classification")}
-    plan, _seconds = lab.module("gpu_holders_kill", {}, check_mode=True)  # a node teardown frees every GPU
+    plan, _seconds = lab.module("gpu_holders_kill", {"outside_units": "kill"}, check_mode=True)  # a node teardown frees every GPU
     report["plan"] = {"targets": sorted(t["pid"] for t in plan["targets"]), "protected": [(p["pid"], p["reason"]) for p in plan["protected"]],
                       "stale_nvml_pids": plan["stale_nvml_pids"], "signals": plan["signals"]}
     first_signal = time.monotonic()
-    killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60})
+    killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60, "outside_units": "kill"})
     after, assert_wall = lab.module("gpu_memory_assert", {"timeout": 120, "interval": 0.1})
     report["signal_to_verified_free_s"] = round(time.monotonic() - first_signal, 3)
     report["kill"] = {"terminated": sorted(p["pid"] for p in killed["terminated"]), "killed": sorted(p["pid"] for p in killed["killed"]),
@@ -265,7 +265,7 @@ def selection_case(lab: Lab, gib: int) -> dict:
     results = {"orphan_of_gpu0": orphan}
     for label, selector in (("by_index", str(last)), ("by_uuid", uuid)):
         victim = lab.holder("plain", last, gib)[1][0]
-        result, _seconds = lab.module("gpu_holders_kill", {"gpus": [selector], "term_timeout": 5})
+        result, _seconds = lab.module("gpu_holders_kill", {"gpus": [selector], "term_timeout": 5, "outside_units": "kill"})
         results[label] = {"selector": selector, "holders": [(h["pid"], h["gpus"]) for h in result["holders"]],
                           "victim_gone": not alive(victim), "gpu0_holder_alive": alive(keeper),
                           "gpu0_orphan_alive_and_ambiguous": alive(orphan) and orphan in [a["pid"] for a in result["ambiguous"]],

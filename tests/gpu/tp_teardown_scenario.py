@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
         before, _seconds = lab.module("gpu_memory_assert", {"expected_count": count, "timeout": 0})
         report["assert_before"] = {"dirty": before.get("dirty"), "gpus_reported": [g["index"] for g in before.get("gpus", [])]}
         first_signal = time.monotonic()
-        killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60})
+        killed, kill_wall = lab.module("gpu_holders_kill", {"term_timeout": 5, "kill_timeout": 60, "outside_units": "kill"})
         after, assert_wall = lab.module("gpu_memory_assert", {"expected_count": count, "timeout": 120, "interval": 0.1})
         report["signal_to_verified_free_all_gpus_s"] = round(time.monotonic() - first_signal, 3)
         report["kill"] = {"terminated": sorted(p["pid"] for p in killed["terminated"]), "killed": sorted(p["pid"] for p in killed["killed"]),
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
                                       stdout=subprocess.PIPE, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(last)))
         lab.started.append(env_holder)
         env_holder.stdout.readline()
-        plan, _seconds = lab.module("gpu_holders_kill", {"gpus": [str(last)]}, check_mode=True)
+        plan, _seconds = lab.module("gpu_holders_kill", {"gpus": [str(last)], "outside_units": "kill"}, check_mode=True)
         found = [t for t in plan["targets"] if t["pid"] == env_holder.pid]
         report["last_gpu_alone"] = {"gpu": last, "found": bool(found), "reported_gpus": found[0]["gpus"] if found else None,
                                     "devices": found[0]["devices"] if found else None}
