@@ -34,7 +34,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._journal import J
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, journalled, survivor_report, terminate_then_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
 SOURCES = ("proc", "nvml")
@@ -271,6 +271,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
     """Signal every target (TERM+CONT, then KILL), each signal journalled first, and report what happened to each."""
     by_pid = {target["pid"]: target for target in plan.targets}
     signaller.journal.open()  # a journal that cannot be written refuses the run before the first signal
+    first_entry = len(signaller.journal.entries)
     outcome = terminate_then_kill(signaller, [ProcessIdentity(t["pid"], t["start_time"]) for t in plan.targets],
                                   request.term_timeout, request.kill_timeout)
     return {
@@ -278,7 +279,8 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
         "killed": [by_pid[identity.pid] for identity in outcome.killed],
         "survivors": [survivor_report(signaller.reader, identity, by_pid[identity.pid]) for identity in outcome.survivors],
         "not_signalled": outcome.not_signalled,
-        "signals": journalled(outcome.signals, signaller.journal),
+        # every signal went through the journal: its entries are the audit trail, with exe, cgroup, uid and times
+        "signals": signaller.journal.entries[first_entry:],
     }
 
 

@@ -186,12 +186,6 @@ def _record(outcome: SignalOutcome, handle: ProcessHandle, signum: int, result: 
                             "signal": signal.Signals(signum).name, "result": result})
 
 
-def journalled(signals: list[dict], journal: Journal) -> list[dict]:
-    """The result's signals with what the journal knows of each (exe, cgroup, uid, run id, times)."""
-    known = {(entry["pid"], entry["start_time"], entry["signal"], entry["result"]): entry for entry in journal.entries}
-    return [dict(known.get((sent["pid"], sent["start_time"], sent["signal"], sent["result"]), {}), **sent) for sent in signals]
-
-
 def survivor_report(reader: ProcReader, identity: ProcessIdentity, base: dict | None = None) -> dict:
     report = dict(base or {"pid": identity.pid, "start_time": identity.start_time})
     try:

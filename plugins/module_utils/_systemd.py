@@ -311,10 +311,12 @@ class Cgroup:
 
     def populated(self) -> bool | None:
         """cgroup.events' word on the group and its sub-groups (v2); None where the file is not (v1), or the group gone."""
+        if self.directory is None:
+            return None
         try:
             with open(os.path.join(self.directory, "cgroup.events"), encoding="ascii") as handle:
                 text = handle.read()
-        except (FileNotFoundError, NotADirectoryError, TypeError):
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return "populated 1" in text
 
@@ -545,9 +547,9 @@ class UnitStopper:
             initial.update({key: m for key, m in at_kill.items() if key not in initial})
         killed_keys = {(m["pid"], m["start_time"]) for m in outcome.killed}
         outcome.terminated = [m for key, m in initial.items() if key not in killed_keys and not self._alive(key)]
-        outcome.survivors = [survivor_report(self.reader, ProcessIdentity(pid, self.reader.start_time(pid) or 0), self._describe(pid))
-                             for pid in self.cgroup(state, group_path).pids()]
         final_group = self.cgroup(state, group_path)
+        outcome.survivors = [survivor_report(self.reader, ProcessIdentity(pid, self.reader.start_time(pid) or 0), self._describe(pid))
+                             for pid in final_group.pids()]
         if not outcome.survivors and final_group.unlisted():
             outcome.errors.append(f"{plan.unit}: its control group {final_group.directory} is still populated (cgroup.events: populated 1) "
                                   "but lists no process this module can see (a process of another PID namespace?): not empty")
