@@ -749,8 +749,9 @@ def test_module_killed_mid_run_leaves_nothing_behind_and_the_next_run_converges(
     module.kill()
     module.communicate(timeout=10)
     assert alive(pid) and not is_stopped(pid)
-    assert [(line["phase"], line["signal"]) for line in journal_lines(devices)] == [
-        ("intent", "SIGTERM"), ("outcome", "SIGTERM"), ("intent", "SIGCONT"), ("outcome", "SIGCONT")]
+    # the holder runs again as soon as SIGCONT reaches it, maybe before its outcome line is written: the intent is there
+    written = [(line["phase"], line["signal"]) for line in journal_lines(devices)]
+    assert written[:3] == [("intent", "SIGTERM"), ("outcome", "SIGTERM"), ("intent", "SIGCONT")] and written[3:] in ([], [("outcome", "SIGCONT")])
 
     result = run_module(MODULE, kill_args(devices, term_timeout=0.5, lock_timeout=2), env=nvml_env)
     assert not result.failed, result["msg"]
