@@ -75,6 +75,18 @@ def failing_tasks(log: Path) -> str:
     return "\n".join(shown[:150])
 
 
+def failed_task_names(log: Path) -> list[str]:
+    """The names of the tasks that failed, one line each: the end of CI's output keeps them when its middle is cut."""
+    task, names = "", []
+    for line in ANSI.sub("", log.read_text(errors="replace")).splitlines():
+        text = line.strip(" │")
+        if text.startswith("TASK ["):
+            task = text
+        elif re.match(r"(fatal|failed):", text) and task and task not in names:
+            names.append(task)
+    return names
+
+
 def run_lane(lane: int, names: list[str], results: dict[str, tuple[bool, float]], print_lock: threading.Lock) -> None:
     env = lab_env(lane)
     try:
@@ -136,6 +148,10 @@ def main(argv: list[str]) -> int:
     failed = sorted(name for name in planned if not results.get(name, (False, 0.0))[0])
     print(f"molecule: {len(planned) - len(failed)} of {len(planned)} scenario(s) passed in {time.monotonic() - started:.0f}s"
           f" ({len(plan)} lane(s)){': FAILED ' + ', '.join(failed) if failed else ''}")
+    for name in failed:
+        log = REPO / "build" / f"molecule-{name}.log"
+        for task in failed_task_names(log) if log.exists() else ["its lab did not start"]:
+            print(f"  {name}: {task}")
     # a scenario writes under build/ or its ephemeral directory, never into the tracked tree
     written = added_by_run(tree_before)
     if written:
