@@ -23,7 +23,8 @@ def _wrapped(function):
 
 class FilterModule:
     def filters(self):
-        return {"cutover_engine": _wrapped(_switch.cutover_engine), "cutover_bound": _wrapped(_switch.cutover_bound),
+        return {"cutover_engine": _wrapped(_switch.cutover_engine), "switch_steps": _wrapped(_switch.switch_steps),
+                "switch_before_read": _wrapped(_switch.switch_before_read), "switch_finish": _wrapped(_switch.switch_finish),
                 "cutover_record": _wrapped(_switch.cutover_record), "observe_requests": _wrapped(_switch.observe_requests),
-                "observed": _wrapped(_switch.observed), "user_ready": _wrapped(_switch.user_ready),
+                "observed": _wrapped(_switch.observed),
                 "staged_model_dir": _wrapped(_switch.staged_model_dir), "stage_jobs": _wrapped(_switch.stage_jobs)}

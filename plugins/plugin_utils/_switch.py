@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source, progress_path
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
@@ -27,14 +28,6 @@ def cutover_engine(facts: dict) -> dict:
         raise SwitchError(f"engine facts lack {', '.join(missing)}")
     return {"engine": facts["engine"], "unit": facts["unit"], "url": facts["url"], "model": facts["served_model_name"],
             "api_key": facts.get("api_key") or None, "ready_timeout": float(facts["ready_timeout"])}
-
-
-def cutover_bound(target: dict, previous: dict | None, settings: dict) -> float:
-    """Seconds the cutover may run, for the one lease renewal that covers it: the drain, two teardowns (the switch's and
-    a rollback's), the target's start and the previous engine's start again."""
-    teardown = float(settings["stop_timeout"]) + 2 * float(settings["kill_timeout"]) + float(settings["term_timeout"]) + float(settings["memory_timeout"])
-    return round(float(settings["drain_timeout"]) + 2 * teardown + float(target["ready_timeout"])
-                 + (float(previous["ready_timeout"]) if previous else 0.0), 1)
 
 
 def cutover_record(result: dict) -> dict:
@@ -102,19 +95,29 @@ def observed(result: dict, names: list) -> dict:
             "paths": dict(result.get("paths") or {})}
 
 
-def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> bool:
-    """Is the engine's own user already as engine_common's user entry point would make it? (Then the switch skips that
-    step.) Root, or a system user whose home is the state directory, with no login shell, in the devices' group where
-    the device files are not readable and writable by others."""
-    if not facts.get("dedicated_user"):
-        return True
-    account = (observed.get("users") or {}).get(facts.get("user")) or {}
-    if not account.get("exists") or account.get("home") != facts.get("state_directory") or account.get("shell") != "/usr/sbin/nologin":
-        return False
-    found = (observed.get("devices") or {}).get(device) or {}
-    if not found.get("exists") or int(found.get("mode") or "0", 8) % 8 >= 6:
-        return True
-    return found.get("group") in (account.get("groups") or [])
+def switch_steps(settings: dict, found: dict) -> dict:
+    """The planner's decisions for this node (module_utils/_switch_plan.py: plan), from the role's settings and what the
+    engines' read found; ``found['observed']`` is engine_observe's answer, for whether the target's user is ready."""
+    found = dict(found)
+    observed = found.pop("observed", None) or {}
+    engines = found.get("engines") or {}
+    found["user_ready"] = switch_plan.user_ready(engines.get(settings.get("target")) or {}, observed)
+    return _planned(lambda: switch_plan.plan(switch_plan.Settings.from_vars(settings), switch_plan.Found.from_vars(found)))
+
+
+def switch_before_read(settings: dict) -> dict:
+    return _planned(lambda: switch_plan.before_read(switch_plan.Settings.from_vars(settings)))
+
+
+def switch_finish(steps: dict, result: str | None, cutover_node: dict | None) -> dict:
+    return _planned(lambda: switch_plan.finish_steps(steps, result, cutover_node))
+
+
+def _planned(decide):
+    try:
+        return decide()
+    except (InvalidInput, TypeError) as error:
+        raise SwitchError(str(getattr(error, "msg", error))) from None
 
 
 def stage_jobs(started: list) -> list[dict]:

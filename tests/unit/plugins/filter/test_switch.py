@@ -18,13 +18,6 @@ def test_an_engines_facts_become_the_cutovers_engine():
         _switch.cutover_engine(dict(FACTS, url=""))
 
 
-def test_the_lease_bound_covers_a_drain_two_teardowns_and_two_starts():
-    settings = {"drain_timeout": 120, "stop_timeout": 90, "kill_timeout": 30, "term_timeout": 30, "memory_timeout": 60}
-    target, previous = {"ready_timeout": 600}, {"ready_timeout": 300}
-    assert _switch.cutover_bound(target, previous, settings) == 120 + 2 * (90 + 60 + 30 + 60) + 600 + 300
-    assert _switch.cutover_bound(target, None, settings) == 120 + 2 * (90 + 60 + 30 + 60) + 600
-
-
 def test_the_record_drops_the_nodes_end_mark_and_keeps_teardowns_as_gpu_teardown_records():
     result = {"result": "switched", "reason": None, "marks": [["drain", 10.0], ["teardown", 10.2], ["bring_up", 10.6], ["end", 13.0]],
               "teardown": {"check_mode": False, "units": {"results": [{"unit": "vllm.service", "changed": True,

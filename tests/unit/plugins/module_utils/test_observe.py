@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
+from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import parse_show_units
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
@@ -114,8 +115,8 @@ def test_the_switch_asks_for_the_targets_executable_and_completion_only():
 def test_the_switch_creates_the_engines_user_only_when_it_is_not_as_the_role_makes_it(account, device, ready):
     facts = {"dedicated_user": True, "user": "vllm", "state_directory": "/var/lib/vllm"}
     observed = {"users": {"vllm": account}, "devices": {"/dev/nvidiactl": device}}
-    assert _switch.user_ready(facts, observed) is ready
-    assert _switch.user_ready({"dedicated_user": False, "user": "root"}, {}) is True
+    assert switch_plan.user_ready(facts, observed) is ready
+    assert switch_plan.user_ready({"dedicated_user": False, "user": "root"}, {}) is True
 
 
 def test_users_and_devices_are_read_as_asked():

@@ -1,0 +1,209 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""The switch's decisions for one node, made once, from the role's settings and what the engines' read found.
+
+The switch_engine role asks once per node, after its read (filter gpufleet.serving.switch_steps), and its tasks only
+follow the answer: whether the node is unchanged, where each phase runs - a task of the role on the controller, inside
+the cutover's one module run on the node, or not at all - and the bounds and items those steps take. After the cutover,
+finish_steps says what is left. Runs on the controller; pure (no I/O), so that every branch is tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
+from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
+
+CONTROLLER, CUTOVER, SKIP = phases.CONTROLLER, phases.IN_CUTOVER, phases.SKIPPED
+# seconds the target's preflight may take inside the cutover: its version command (engine_preflight's 120 s) and two NVML reads
+PREFLIGHT_BOUND = 140.0
+# an engine's unit without a known TimeoutStopSec: systemd's default (90 s)
+DEFAULT_STOP_BOUND = 90.0
+ENDED_WITH_AN_ENGINE = ("switched", "rolled_back")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The switch's settings for this node (the role's variables)."""
+    target: str
+    rotation: str = "none"
+    check_mode: bool = False
+    prewarm: bool = True
+    prewarm_timeout: float = 0.0
+    min_spec_acceptance: float | None = None
+    lease_seconds: float = 300.0
+    soak_seconds: float = 0.0
+    stop_timeout: float = 0.0  # 0: the previous engine's unit's own bound
+    drain_timeout: float = 120.0
+    kill_timeout: float = 30.0
+    term_timeout: float = 30.0
+    memory_timeout: float = 60.0
+    backup_dir: str = ""
+    run_id: str = ""
+    haproxy_backend: str = ""
+    leave_tasks: str = ""  # the custom rotation's task files
+    join_tasks: str = ""
+
+    @classmethod
+    def from_vars(cls, values: dict) -> Settings:
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InvalidInput(f"switch plan settings: unknown {', '.join(unknown)}")
+        settings = cls(**values)
+        for name in ("prewarm_timeout", "lease_seconds", "soak_seconds", "stop_timeout", "drain_timeout", "kill_timeout", "term_timeout",
+                     "memory_timeout"):
+            object.__setattr__(settings, name, non_negative(name, float(getattr(settings, name))))
+        return settings
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the engines' read found on the node (engine_observe, through the role's gpufleet.serving.observed)."""
+    engines: dict  # each engine's facts (gpufleet.serving.engine_facts), by name
+    found: list = field(default_factory=list)  # the engines running
+    serving: list = field(default_factory=list)  # the engines answering readiness, with a completion
+    previous: str = "none"  # the engine to drain and to roll back to
+    staged: bool = False  # an interrupted run's staged mark is there
+    files: dict = field(default_factory=dict)  # the target's files that differ from its role's: {unit: [...], secrets: [...]}
+    target_installed: str | None = None  # the version the target's executable runs
+    user_ready: bool = True  # the target's own user is as its role would make it
+
+    @classmethod
+    def from_vars(cls, values: dict) -> Found:
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InvalidInput(f"switch plan node: unknown {', '.join(unknown)}")
+        return cls(**values)
+
+
+def before_read(settings: Settings) -> dict:
+    """What the switch needs before the engines' read: the rotation's hooks complete (or why not: rotation_error, ''
+    when they are), and the lease as first taken, covering the phases before the cutover with the prewarm's bound."""
+    complete = (settings.rotation == "none" or (settings.rotation == "haproxy" and settings.haproxy_backend)
+                or (settings.rotation == "custom" and settings.leave_tasks and settings.join_tasks))
+    error = "" if complete else (f"switch_engine_rotation is {settings.rotation}: none, haproxy (with switch_engine_haproxy_backend) or custom"
+                                 " (with switch_engine_rotation_leave_tasks and switch_engine_rotation_join_tasks, task files run for the node)")
+    return {"rotation_error": error, "first_lease_seconds": settings.lease_seconds + (settings.prewarm_timeout if settings.prewarm else 0.0)}
+
+
+def teardown_bound(stop_timeout: float, kill_timeout: float, term_timeout: float, memory_timeout: float) -> float:
+    return float(stop_timeout) + 2 * float(kill_timeout) + float(term_timeout) + float(memory_timeout)
+
+
+def cutover_bound(target_ready_timeout: float, previous_ready_timeout: float | None, settings: Settings, stop_bound: float) -> float:
+    """Seconds the cutover's engines may take: the drain, two teardowns (the switch's and a rollback's), the target's
+    start and the previous engine's start again."""
+    teardown = teardown_bound(stop_bound, settings.kill_timeout, settings.term_timeout, settings.memory_timeout)
+    return round(settings.drain_timeout + 2 * teardown + float(target_ready_timeout) + float(previous_ready_timeout or 0.0), 1)
+
+
+def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> bool:
+    """Is the engine's own user already as engine_common's user entry point would make it? (Then the switch skips that
+    step.) Root, or a system user whose home is the state directory, with no login shell, in the devices' group where
+    the device files are not readable and writable by others."""
+    if not facts.get("dedicated_user"):
+        return True
+    account = (observed.get("users") or {}).get(facts.get("user")) or {}
+    if not account.get("exists") or account.get("home") != facts.get("state_directory") or account.get("shell") != "/usr/sbin/nologin":
+        return False
+    found = (observed.get("devices") or {}).get(device) or {}
+    if not found.get("exists") or int(found.get("mode") or "0", 8) % 8 >= 6:
+        return True
+    return found.get("group") in (account.get("groups") or [])
+
+
+def plan(settings: Settings, node: Found) -> dict:
+    """Where each phase of this node's switch runs, whether it is unchanged, and what the steps take."""
+    target = node.engines.get(settings.target) or {}
+    previous = node.engines.get(node.previous) or {} if node.previous != "none" else {}
+    installs = bool(target.get("install"))
+    in_place = node.previous == settings.target
+    would_change = {"unit": bool(node.files.get("unit")), "secrets": bool(node.files.get("secrets")),
+                    "install": installs and not matches_pin(node.target_installed, target.get("version"))}
+    staged = node.staged and node.found == [settings.target]
+    unchanged = (node.found == [settings.target] and not any(would_change.values()) and settings.target in node.serving and not staged)
+
+    if settings.rotation not in ("none", "haproxy", "custom"):
+        raise InvalidInput(before_read(settings)["rotation_error"])
+    no_balancer = settings.rotation == "none"
+    # with no balancer between them, the cutover takes over the steps around its drain (module runs fewer); not where
+    # the preflight has work of its own first (a pinned install, the target's user to create), nor when only planning
+    cutover_prepares = (no_balancer and not settings.check_mode and not installs
+                        and not (target.get("dedicated_user") and not node.user_ready))
+    stages_model = bool(target.get("model_dir") or target.get("draft_model_dir"))
+    prunes = installs and target.get("virtualenvs_root") is not None
+    soak_here = no_balancer and settings.min_spec_acceptance is None
+    where = {
+        "preflight": CUTOVER if cutover_prepares else CONTROLLER,
+        "backup": CONTROLLER if in_place and not settings.check_mode else SKIP,
+        "stage_model": CONTROLLER if stages_model else SKIP,
+        "stage_files": CUTOVER if cutover_prepares else SKIP if settings.check_mode else CONTROLLER,
+        "prewarm": (SKIP if not settings.prewarm else CUTOVER if no_balancer and not settings.check_mode else CONTROLLER),
+        "leave_rotation": SKIP if no_balancer else CONTROLLER,
+        "verify": SKIP if settings.min_spec_acceptance is None else CONTROLLER,
+        "join_rotation": SKIP if no_balancer else CONTROLLER,
+        "soak": CUTOVER if soak_here else CONTROLLER,
+        "prune": CONTROLLER if prunes else SKIP,
+        # a system user is no disruption: created in the preflight, so that the model is checked as the engine reads it
+        "user": CONTROLLER if target.get("dedicated_user") and not settings.check_mode and not node.user_ready else SKIP,
+        # with nothing left on the node after the cutover, it gives the lease back itself
+        "release": CUTOVER if soak_here and not prunes else CONTROLLER,
+    }
+    stop_bound = settings.stop_timeout or float(previous.get("timeout_stop_sec") or DEFAULT_STOP_BOUND)
+    bound = cutover_bound(target.get("ready_timeout") or 0.0, previous.get("ready_timeout") if previous else None, settings, stop_bound)
+    cutover_lease = (settings.lease_seconds + bound + settings.soak_seconds + (settings.prewarm_timeout if where["prewarm"] == CUTOVER else 0.0)
+                     + (PREFLIGHT_BOUND if where["preflight"] == CUTOVER else 0.0))
+    return {
+        "unchanged": unchanged,
+        "would_change": would_change,
+        "staged": staged,
+        "in_place": in_place,
+        "where": where,
+        # the role's prepare step runs where any of its phases runs on the controller
+        "prepare": any(where[name] == CONTROLLER for name in ("preflight", "backup", "stage_model", "stage_files", "prewarm")),
+        "stage": where["stage_model"] == CONTROLLER or where["stage_files"] == CONTROLLER,
+        "stop_bound": stop_bound,
+        "cutover_bound": bound,
+        "cutover_lease_seconds": round(cutover_lease, 1),
+        # in check mode a pinned install that would happen has not: its executable cannot run yet
+        "preflight_checks": (["model", "gpus", "port", "holders"] if settings.check_mode and installs
+                             else ["executable", "model", "gpus", "port", "holders"]),
+        "stage_items": stage_items(target),
+        # the mark written with the target's files where they replace the running engine's (removed when the switch ends)
+        "staged_mark_files": ([{"name": "staged", "path": staged_mark(settings.backup_dir), "content": f"{settings.run_id}\n", "mode": "0600"}]
+                              if in_place else []),
+    }
+
+
+def staged_mark(backup_dir: str) -> str:
+    return f"{backup_dir.rstrip('/')}/staged"
+
+
+def stage_items(target: dict) -> list[dict]:
+    """The hub models the switch stages: the model and the EAGLE-3 draft model, each into its own directory."""
+    items = []
+    if target.get("model_dir"):
+        items.append({"source": target["model"], "revision": target.get("model_revision") or "main", "dest": target["model_dir"]})
+    if target.get("draft_model_dir"):
+        items.append({"source": target["draft_model"], "revision": "main", "dest": target["draft_model_dir"]})
+    return items
+
+
+def finish_steps(steps: dict, result: str | None, cutover_node: dict | None) -> dict:
+    """What is left after the cutover: a rollback to finish, a balancer to join and the soak, virtualenvs to prune, a
+    boot state the cutover could not set, or a staged mark it did not remove."""
+    cutover_node = cutover_node or {}
+    where = steps["where"]
+    rolled_back_in_cutover = cutover_node.get("cutover_result") == "rolled_back"
+    clear_mark = (result in ENDED_WITH_AN_ENGINE and steps["in_place"] and cutover_node.get("cutover_result") not in ENDED_WITH_AN_ENGINE)
+    finishes = (rolled_back_in_cutover
+                or (result == "switched" and (where["soak"] == CONTROLLER or where["prune"] == CONTROLLER or bool(cutover_node.get("boot_error"))))
+                or clear_mark)
+    return {"finish": finishes, "clear_mark": clear_mark, "restore": rolled_back_in_cutover}

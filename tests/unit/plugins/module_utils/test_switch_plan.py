@@ -1,0 +1,136 @@
+"""The switch's planner on its own: every decision the role's tasks follow, from settings and what the read found."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+
+VLLM = {"engine": "vllm", "configured": True, "install": False, "version": None, "dedicated_user": False, "user": "root",
+        "model_dir": None, "draft_model_dir": None, "virtualenvs_root": None, "timeout_stop_sec": 75, "ready_timeout": 600,
+        "model": "/models/m"}
+SGLANG = dict(VLLM, engine="sglang", timeout_stop_sec=None, ready_timeout=300)
+ENGINES = {"vllm": VLLM, "sglang": SGLANG}
+
+
+def settings(**changes) -> switch_plan.Settings:
+    values = {"target": "sglang", "rotation": "none", "prewarm": True, "prewarm_timeout": 30, "soak_seconds": 3, "lease_seconds": 300,
+              "backup_dir": "/var/lib/gpufleet-serving/switch", "run_id": "run-1"}
+    return switch_plan.Settings.from_vars({**values, **changes})
+
+
+def found(**changes) -> switch_plan.Found:
+    values = {"engines": ENGINES, "found": ["vllm"], "serving": ["vllm"], "previous": "vllm"}
+    return switch_plan.Found.from_vars({**values, **changes})
+
+
+def test_with_no_balancer_the_cutover_runs_every_movable_phase_and_gives_the_lease_back():
+    steps = switch_plan.plan(settings(), found())
+    assert not steps["unchanged"] and not steps["prepare"] and not steps["stage"]
+    assert {name: steps["where"][name] for name in ("preflight", "stage_files", "prewarm", "soak", "release")} == dict.fromkeys(
+        ("preflight", "stage_files", "prewarm", "soak", "release"), "cutover")
+    assert steps["where"]["leave_rotation"] == steps["where"]["join_rotation"] == "skip"
+    # vLLM's unit bound (75 s); its bound covers the preflight and the prewarm run inside the cutover
+    assert steps["stop_bound"] == 75
+    assert steps["cutover_bound"] == 120 + 2 * (75 + 60 + 30 + 60) + 300 + 600
+    assert steps["cutover_lease_seconds"] == 300 + steps["cutover_bound"] + 3 + 30 + switch_plan.PREFLIGHT_BOUND
+
+
+def test_a_balancer_keeps_the_steps_around_the_drain_on_the_controller():
+    steps = switch_plan.plan(settings(rotation="haproxy"), found())
+    assert steps["prepare"] and steps["stage"]
+    assert [steps["where"][name] for name in ("preflight", "stage_files", "prewarm", "leave_rotation", "join_rotation", "soak", "release")] == [
+        "controller"] * 7
+    assert steps["cutover_lease_seconds"] == 300 + steps["cutover_bound"] + 3
+
+
+def test_check_mode_plans_on_the_controller_and_a_pinned_install_not_yet_made_is_not_run():
+    pinned = dict(SGLANG, install=True, version="0.5.23")
+    steps = switch_plan.plan(settings(check_mode=True), found(engines={"vllm": VLLM, "sglang": pinned}))
+    assert steps["where"]["preflight"] == "controller" and steps["where"]["prewarm"] == "controller"
+    assert steps["where"]["stage_files"] == "skip" and steps["where"]["backup"] == "skip"
+    assert steps["preflight_checks"] == ["model", "gpus", "port", "holders"]
+    assert steps["would_change"]["install"]
+
+
+def test_a_pinned_install_or_a_user_to_create_keeps_the_preflight_on_the_controller():
+    pinned = dict(SGLANG, install=True, version="0.5.23", virtualenvs_root="/opt/engines")
+    steps = switch_plan.plan(settings(), found(engines={"vllm": VLLM, "sglang": pinned}, target_installed="0.5.23"))
+    assert steps["where"]["preflight"] == "controller" and not steps["would_change"]["install"]
+    # the soak still runs in the cutover, but the prune after it keeps the lease on the controller
+    assert steps["where"]["soak"] == "cutover" and steps["where"]["prune"] == "controller" and steps["where"]["release"] == "controller"
+    dedicated = dict(SGLANG, dedicated_user=True, user="sglang")
+    creates = switch_plan.plan(settings(), found(engines={"vllm": VLLM, "sglang": dedicated}, user_ready=False))
+    assert creates["where"]["preflight"] == "controller" and creates["where"]["user"] == "controller"
+    assert switch_plan.plan(settings(), found(engines={"vllm": VLLM, "sglang": dedicated}, user_ready=True))["where"]["preflight"] == "cutover"
+
+
+def test_unchanged_only_when_the_target_alone_serves_its_configuration():
+    serving = found(found=["sglang"], serving=["sglang"], previous="sglang")
+    assert switch_plan.plan(settings(), serving)["unchanged"]
+    assert not switch_plan.plan(settings(), found(found=["sglang"], serving=[], previous="sglang"))["unchanged"]
+    assert not switch_plan.plan(settings(), found(found=["sglang", "vllm"], serving=["sglang"], previous="vllm"))["unchanged"]
+    assert not switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["ExecStart"]}))["unchanged"]
+    # an interrupted run's staged files compare equal, but the engine still runs what it was started with
+    staged = switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", staged=True))
+    assert staged["staged"] and not staged["unchanged"]
+
+
+def test_an_engine_switched_in_place_is_backed_up_and_its_files_carry_the_staged_mark():
+    steps = switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["ExecStart"]}))
+    assert steps["in_place"] and steps["where"]["backup"] == "controller" and steps["prepare"]
+    assert steps["staged_mark_files"] == [{"name": "staged", "path": "/var/lib/gpufleet-serving/switch/staged", "content": "run-1\n", "mode": "0600"}]
+    assert switch_plan.plan(settings(), found())["staged_mark_files"] == []
+
+
+def test_hub_models_are_staged_on_the_controllers_step_and_the_spec_floor_is_verified_there():
+    hub = dict(SGLANG, model="org/m", model_revision="v2", model_dir="/srv/models/org--m@v2", draft_model="org/d", draft_model_dir="/srv/models/org--d")
+    steps = switch_plan.plan(settings(min_spec_acceptance=0.5), found(engines={"vllm": VLLM, "sglang": hub}))
+    assert steps["where"]["stage_model"] == "controller" and steps["where"]["verify"] == "controller"
+    assert steps["where"]["soak"] == "controller" and steps["where"]["release"] == "controller"
+    assert steps["stage_items"] == [{"source": "org/m", "revision": "v2", "dest": "/srv/models/org--m@v2"},
+                                    {"source": "org/d", "revision": "main", "dest": "/srv/models/org--d"}]
+
+
+def test_no_previous_engine_and_an_explicit_stop_bound():
+    steps = switch_plan.plan(settings(stop_timeout=20), found(found=[], serving=[], previous="none"))
+    assert steps["stop_bound"] == 20 and steps["cutover_bound"] == 120 + 2 * (20 + 60 + 30 + 60) + 300
+    assert switch_plan.plan(settings(), found(found=[], serving=[], previous="none"))["stop_bound"] == switch_plan.DEFAULT_STOP_BOUND
+    assert switch_plan.plan(settings(prewarm=False), found())["where"]["prewarm"] == "skip"
+
+
+@pytest.mark.parametrize("result, cutover_node, in_place, rotation, expected", [
+    ("switched", {"cutover_result": "switched"}, False, "none", (False, False)),
+    ("switched", {"cutover_result": "switched"}, False, "haproxy", (True, False)),  # join and soak on the controller
+    ("switched", {"cutover_result": "switched", "boot_error": "enable failed"}, False, "none", (True, False)),
+    ("rolled_back", {"cutover_result": "rolled_back"}, False, "none", (True, False)),  # back in rotation, boot
+    ("rolled_back", {"cutover_result": "failed"}, True, "none", (True, True)),  # the controller's rollback: the mark is left
+    ("switched", {"cutover_result": "switched"}, True, "none", (False, False)),  # the cutover removed the mark itself
+    ("failed", None, True, "none", (False, False)),  # no engine serves: the staged mark stays for the rerun
+])
+def test_what_is_left_after_the_cutover(result, cutover_node, in_place, rotation, expected):
+    node = found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["x"]}) if in_place else found()
+    steps = switch_plan.plan(settings(rotation=rotation), node)
+    left = switch_plan.finish_steps(steps, result, cutover_node)
+    assert (left["finish"], left["clear_mark"]) == expected
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(InvalidInput, match="switch_engine_rotation is dns: none, haproxy"):
+        switch_plan.plan(settings(rotation="dns"), found())
+    with pytest.raises(InvalidInput, match="soak_seconds: must be at least 0"):
+        settings(soak_seconds=-1)
+    with pytest.raises(InvalidInput, match="unknown colour"):
+        switch_plan.Settings.from_vars({"target": "vllm", "colour": "red"})
+
+
+def test_before_the_read_the_rotation_hooks_complete_or_why_not_and_the_first_lease():
+    def error(**changes):
+        return switch_plan.before_read(settings(**changes))["rotation_error"]
+    assert error() == "" and error(rotation="haproxy", haproxy_backend="engines") == ""
+    assert "with switch_engine_haproxy_backend" in error(rotation="haproxy")
+    assert error(rotation="custom", leave_tasks="leave.yml", join_tasks="join.yml") == ""
+    assert error(rotation="custom", leave_tasks="leave.yml").startswith("switch_engine_rotation is custom")
+    assert switch_plan.before_read(settings())["first_lease_seconds"] == 330
+    assert switch_plan.before_read(settings(prewarm=False))["first_lease_seconds"] == 300
