@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
@@ -161,6 +162,9 @@ class Phases:
         return round(self.wall_origin + self.clock.monotonic() - self.origin, 3)
 
     def enter(self, phase: str) -> None:
+        # the phases the report knows (_phases.CUTOVER), in their order; "end" closes the last
+        if phase != "end" and phase not in phases.CUTOVER:
+            raise ValueError(f"the cutover has no phase {phase!r}")
         self.marks.append([phase, self.now()])
 
     @property

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
+
 SCHEMA_VERSION = 1  # keys are only ever added within a version (0.2.0 added preflight, prewarm, plan, phases, downtime, fleet)
 CMDLINE_WIDTH = 60
 
@@ -21,11 +23,10 @@ SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILE
     "switched", "unchanged", "would_switch", "preflight_failed", "rolled_back", "rollback_failed", "failed", "unreachable", "not_reached")
 SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
-# the phases of a switch, in order; a host's durations are keyed by them (plan: check mode only)
-PHASES = ("lease", "discover", "preflight", "backup", "stage", "prewarm", "plan", "leave_rotation", "cutover", "drain", "teardown",
-          "bring_up", "verify", "rollback", "join_rotation", "soak", "boot")
+# the phases of a switch, in order (module_utils/_phases.py); a host's durations are keyed by them
+PHASES = phases.SWITCH
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
-DOWNTIME_PARTS = ("leave_rotation", "cutover", "drain", "teardown", "bring_up", "verify", "rollback", "join_rotation")
+DOWNTIME_PARTS = phases.DOWNTIME
 # gpu_cleanup results, per host
 TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
 # gpu_teardown's steps, in order, as its record names them
