@@ -1,0 +1,234 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""engine_cutover's node side: the adapter (Node) through which _cutover's steps act on this node - systemd, the GPU
+holders, NVML, the engines' HTTP endpoints, files - its request built from the module's options, and the run under the
+switch's lease and the node's work lock. The module only builds itself, calls these and returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
+from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
+from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
+from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
+from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
+from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
+
+class Node(cutover.NodeOps):
+    """The cutover's side effects on this node, through the collection's module_utils. ``host`` runs commands and
+    says warnings (the module: run_command, get_bin_path, warn, log); ``nvml`` returns pynvml."""
+
+    def __init__(self, host, params: dict, reader: ProcReader, nvml):
+        self.host = host
+        self.params = params
+        self.reader = reader
+        self.nvml = nvml
+        self.systemctl = systemd.Systemctl(host.run_command, host.get_bin_path("systemctl", required=True))
+        # one journal for the teardown and the rollback's: every signal under the switch's run id
+        self.journal = journal.Journal(self.params["journal_path"] or None,
+                                       self.params["run_id"] or self.params["lease_owner"] or journal.new_run_id("engine_cutover"),
+                                       "engine_cutover", reader)
+
+    def preflight(self, request: preflight.Request) -> dict:
+        return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
+
+    def write_files(self, wanted: list) -> dict:
+        reload = self.systemctl.daemon_reload if any(item.reload for item in wanted) else None
+        written = files.converge(wanted, 0o755, False, reload)  # raises Error naming the file
+        written.pop("diff", None)
+        return written
+
+    def prewarm(self, paths: list[str], timeout: float) -> dict:
+        try:
+            return prewarm.warm(paths, timeout, self.params["prewarm_margin_mib"])
+        except OSError as exc:
+            raise Error(f"reading the weight files: {exc}") from None
+
+    def drain(self, engine: cutover.Engine, timeout: float) -> dict:
+        request = readiness.DrainRequest(engine=engine.engine, url=engine.url, timeout=timeout, interval=0.25, fail_on_timeout=False)
+        return readiness.wait_drained(request, http.HttpClient(engine.url, timeout=5))
+
+    def stop_units(self, units: list[str], stop_timeout: float) -> dict:
+        requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
+                                              disable=False, allow_protected=False, settle=self.params["settle"])) for unit in units]
+        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, False, self.host.warn, journal=self.journal)
+        if failures:
+            raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
+        return {"results": results}
+
+    def kill_holders(self, units: list[str]) -> dict:
+        params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
+                      protected_pids=[], term_timeout=self.params["term_timeout"], kill_timeout=self.params["kill_timeout"],
+                      max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
+                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"],
+                      owners=self.params["owners"])
+        request = holders_kill.KillRequest.from_params(params, self.reader)
+        return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
+                                         False, self.host.warn, self.host.log, journal=self.journal)
+
+    def restart_policy(self, unit: str) -> tuple[str, int]:
+        return systemd.restart_policy_reader(self.systemctl)(unit)
+
+    def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
+        request = memory.MemoryRequest.from_params(dict(
+            gpus=self.params["gpus"], expected_count=self.params["expected_gpu_count"], max_used_mib=self.params["max_used_mib"],
+            max_processes=None, timeout=self.params["memory_timeout"] if wait else 0, interval=0.1, nvml_timeout=10, v1_reserve_mib=1024,
+            device_paths=self.params["device_paths"], left_pids=list(left_pids)))
+        if wait:
+            return memory.assert_free(request, self.nvml)
+        try:
+            return memory.assert_free(request, self.nvml)
+        except CheckFailed as exc:  # the reading before the teardown: busy GPUs are expected
+            return dict(exc.context, msg=None)
+
+    def reset_failed(self, units: list[str]) -> None:
+        try:
+            self.systemctl.reset_failed(units)
+        except CommandFailed as exc:  # a unit that is not failed (any more) is no reason to stop
+            self.host.warn(exc.msg)
+
+    def restore(self, files: list[dict]) -> None:
+        for item in files:
+            if os.path.exists(item["src"]):
+                shutil.copy2(item["src"], item["dest"])
+        self.systemctl.daemon_reload()
+
+    def start(self, unit: str) -> None:
+        self.systemctl.start(unit)
+
+    def set_boot(self, enable: str | None, units: list[str]) -> dict:
+        return self.systemctl.set_boot(enable, units)
+
+    def wait_ready(self, engine: cutover.Engine, timeout: float) -> dict:
+        request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
+                                         timeout=timeout, interval=self.params["interval"], completion=True, min_spec_acceptance=None,
+                                         probe_requests=1)
+        started = time.monotonic()
+        try:
+            report = readiness.wait_ready(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.systemctl.unit_state,
+                                          journal=self.systemctl.journal)
+        except EngineExited as exc:
+            raise cutover.NotServing(cutover.not_serving_message(engine, time.monotonic() - started, exc.context.get("unit_state"), exc.msg),
+                                     **exc.context) from None
+        if not report["ready"]:
+            detail = f"still waiting for {report['waiting_for']}" if report.get("waiting_for") else "readiness"
+            raise cutover.NotServing(cutover.not_serving_message(engine, report["elapsed"], report.get("unit_state"), detail), **report)
+        return report
+
+    def soak(self, engine: cutover.Engine, seconds: float) -> dict:
+        request = readiness.ReadyRequest(engine=engine.engine, url=engine.url, model=engine.model, api_key=engine.api_key, unit=engine.unit,
+                                         timeout=0, interval=self.params["soak_interval"], completion=True, min_spec_acceptance=None,
+                                         probe_requests=1, soak=seconds)
+        # the plain clock: like the rest of the cutover, the soak goes on to its end without its controller
+        return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties)
+
+    def unit_properties(self, unit: str) -> dict:
+        try:
+            return self.systemctl.show(unit).properties
+        except CommandFailed:
+            return {}
+
+
+def finish(result: dict, params: dict, store: lease.LeaseStore, request: cutover.CutoverRequest) -> None:
+    """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the node's record of
+    it written (read by the next run, whatever became of this one's controller), the lease given back."""
+    if result["result"] in ("switched", "rolled_back"):
+        for path in params["clear_paths"]:
+            if os.path.lexists(path):
+                os.unlink(path)
+    result["record"] = None
+    if params["record_path"]:
+        record = cutover.node_record(request, result, params["run_id"] or params["lease_owner"], time.time())
+        try:
+            files.write_atomically(params["record_path"], json.dumps(record) + "\n", 0o644)
+            result["record"] = record
+        except OSError as exc:  # the engine serves (or the rollback's does): the record is for the next run's report
+            result["record_error"] = f"{params['record_path']}: {exc.strerror or exc}"
+    result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and store.release(params["lease_owner"]))
+
+
+def validated(name: str, value: dict, options: dict) -> dict:
+    """A dict option checked against another module's options (their types, defaults and choices); a null value is
+    one not given, as for a module's own options."""
+    checked = ArgumentSpecValidator(options).validate({key: item for key, item in value.items() if item is not None})
+    if checked.error_messages:
+        raise InvalidInput(f"{name}: {'; '.join(checked.error_messages)}")
+    return checked.validated_parameters
+
+
+def preflight_request(value: dict | None) -> preflight.Request | None:
+    return preflight.Request.from_params(validated("preflight", value, preflight_node.OPTIONS)) if value else None
+
+
+def secret_contents(params: dict) -> list[str]:
+    """The secret files' contents, never returned - even where another option's error ends the run before its entry is
+    checked: every failure returns the module's arguments."""
+    return [str(item["content"]) for item in params["files"]
+            if isinstance(item, dict) and item.get("content") and boolean(item.get("secret", False), strict=False)]
+
+
+def wanted_files(params: dict) -> list:
+    return [files.WantedFile.from_params(validated(f"files[{index}]", item, files.FILE_OPTIONS)) for index, item in enumerate(params["files"])]
+
+
+def request_from_params(params: dict) -> cutover.CutoverRequest:
+    def engine(name: str) -> cutover.Engine | None:
+        value = params[name]
+        return cutover.Engine.from_params(name, value and dict(value, unit=systemd.normalize_unit_name(value["unit"])))
+    return cutover.CutoverRequest(
+        units=[systemd.normalize_unit_name(unit) for unit in params["units"]], target=engine("target"), previous=engine("previous"),
+        drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"], restore=params["restore"],
+        boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"], prewarm_timeout=params["prewarm_timeout"],
+        preflight=preflight_request(params["preflight"]), files=wanted_files(params))
+
+
+def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
+    """The cutover under the switch's lease (renewed once; another owner's means nothing is touched) and the node's work
+    lock, then finish(). A controller interrupted or gone mid-cutover must not leave the node half switched: the
+    cutover goes on to its end (the target serving, or the previous engine again), and the lock makes the next run
+    wait for it."""
+    store = lease.LeaseStore(lease.LeaseRequest.from_params(dict(
+        name=params["lease_name"], owner=params["lease_owner"] or "-", state="acquired", lease_seconds=params["lease_seconds"],
+        wait_timeout=0, break_owner=None)).name)
+    if params["lease_owner"]:
+        renewed = store.acquire(params["lease_owner"], params["lease_seconds"], 0)
+        if renewed.holder["owner"] != params["lease_owner"]:
+            return dict(changed=False, result="lease_lost", holder=renewed.holder, marks=[], lease_released=False, record=None,
+                        reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with host_lock(store.work_path, 5):
+        result = cutover.cutover(request, node, Clock(), time.time())
+    finish(result, params, store, request)
+    return result
+
+
+def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
+    """Check mode: which units would be stopped and which started."""
+    active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
+    return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
+                engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
+                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None)
