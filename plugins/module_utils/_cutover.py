@@ -118,6 +118,10 @@ class NodeOps:
         """systemd_stop_hard per unit, as a looped task registers it: {results: [...]}; raises TeardownFailed."""
         raise NotImplementedError
 
+    def decide(self, units: list[str]) -> dict:
+        """The holders found and classified, nothing signalled; raises where the plan is refused."""
+        raise NotImplementedError
+
     def kill_holders(self, units: list[str]) -> dict:
         raise NotImplementedError
 
@@ -172,30 +176,40 @@ class Phases:
         return self.marks[-1][0] if self.marks else None
 
 
-def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float) -> dict:
-    """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps.
+def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS) -> dict:
+    """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps (those
+    of ``only``). With ``decide``, the holders are found and classified first and a refused plan (another user's
+    process, a restarting service's, too many) stops the teardown before any unit is stopped.
 
     Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
     """
     steps: dict = {"check_mode": False, "seconds": {}}
     clock = getattr(ops, "clock", None) or Clock()
+    plan = (("before", lambda: ops.memory(wait=False)),
+            ("decide", lambda: ops.decide(request.units)),
+            ("units", lambda: ops.stop_units(request.units, stop_timeout)),
+            ("holders", lambda: ops.kill_holders(request.units)),
+            # what the engines released is judged: a holder reported and left keeps its memory
+            ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps))))
     step = "before"
     try:
-        for step, run in (("before", lambda: ops.memory(wait=False)), ("units", lambda: ops.stop_units(request.units, stop_timeout)),
-                          ("holders", lambda: ops.kill_holders(request.units)),
-                          # what the engines released is judged: a holder reported and left keeps its memory
-                          ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps)))):
+        for step, run in plan:
+            if (step == "decide" and not decide) or (step != "decide" and step not in only):
+                continue
             started = clock.monotonic()
             steps[step] = run()
             steps["seconds"][step] = round(clock.monotonic() - started, 3)  # where a teardown's time goes
     except Error as exc:
         if step == "units" and isinstance(exc, TeardownFailed):
             steps["units"] = exc.context.get("units") or {}
+        elif step == "decide":  # the refused plan names the holders
+            steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
         elif step != "units":
             steps[step] = dict(exc.context, failed=True, msg=exc.msg)
         steps.update(failed_step=step, failure=dict(exc.context, failed=True, msg=exc.msg))
         raise TeardownFailed(f"{step}: {exc.msg}", steps=steps) from None
-    failed = [unit["unit"] for unit in steps["units"].get("results") or [] if (unit.get("state_after") or {}).get("ActiveState") == "failed"]
+    failed = [unit["unit"] for unit in (steps.get("units") or {}).get("results") or []
+              if (unit.get("state_after") or {}).get("ActiveState") == "failed"]
     if failed:
         # a switch is not an engine failure (monitoring alerts on failed units); the report keeps what was killed
         ops.reset_failed(failed)

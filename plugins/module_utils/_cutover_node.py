@@ -42,7 +42,7 @@ class Node(cutover.NodeOps):
     """The cutover's side effects on this node, through the collection's module_utils. ``host`` runs commands and
     says warnings (the module: run_command, get_bin_path, warn, log); ``nvml`` returns pynvml."""
 
-    def __init__(self, host, params: dict, reader: ProcReader, nvml):
+    def __init__(self, host, params: dict, reader: ProcReader, nvml, caller: str = "engine_cutover"):
         self.host = host
         self.params = params
         self.reader = reader
@@ -50,8 +50,8 @@ class Node(cutover.NodeOps):
         self.systemctl = systemd.Systemctl(host.run_command, host.get_bin_path("systemctl", required=True))
         # one journal for the teardown and the rollback's: every signal under the switch's run id
         self.journal = journal.Journal(self.params["journal_path"] or None,
-                                       self.params["run_id"] or self.params["lease_owner"] or journal.new_run_id("engine_cutover"),
-                                       "engine_cutover", reader)
+                                       self.params["run_id"] or self.params.get("lease_owner") or journal.new_run_id(caller),
+                                       caller, reader)
 
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
@@ -72,23 +72,32 @@ class Node(cutover.NodeOps):
         request = readiness.DrainRequest(engine=engine.engine, url=engine.url, timeout=timeout, interval=0.25, fail_on_timeout=False)
         return readiness.wait_drained(request, http.HttpClient(engine.url, timeout=5))
 
-    def stop_units(self, units: list[str], stop_timeout: float) -> dict:
+    def stop_units(self, units: list[str], stop_timeout: float, check_mode: bool = False) -> dict:
         requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
-                                              disable=False, allow_protected=False, settle=self.params["settle"])) for unit in units]
-        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, False, self.host.warn, journal=self.journal)
+                                              disable=self.params.get("disable_units", False), allow_protected=False,
+                                              stop_triggers=self.params.get("stop_triggers", False), settle=self.params["settle"]))
+                    for unit in units]
+        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, check_mode, self.host.warn, journal=self.journal)
         if failures:
             raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
         return {"results": results}
 
+    def decide(self, units: list[str]) -> dict:
+        return self._holders(units, check_mode=True)
+
     def kill_holders(self, units: list[str]) -> dict:
+        return self._holders(units, check_mode=False)
+
+    def _holders(self, units: list[str], check_mode: bool) -> dict:
         params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
-                      protected_pids=[], term_timeout=self.params["term_timeout"], kill_timeout=self.params["kill_timeout"],
+                      protected_pids=[], term_timeout=self.params["term_timeout"],
+                      kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
                       units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"],
                       owners=self.params["owners"])
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
-                                         False, self.host.warn, self.host.log, journal=self.journal)
+                                         check_mode, self.host.warn, self.host.log, journal=self.journal)
 
     def restart_policy(self, unit: str) -> tuple[str, int]:
         return systemd.restart_policy_reader(self.systemctl)(unit)

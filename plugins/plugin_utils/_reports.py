@@ -149,6 +149,20 @@ def teardown_host_report(steps: dict) -> dict:
     return report
 
 
+# the gpu_teardown role's one step, as a failure before the module's own steps names it
+TEARDOWN_TASK = "Tear down - lease, decide, stop units, kill holders, assert memory (one module run on the node)"
+
+
+def teardown_run_steps(result: dict, check_mode: bool) -> dict:
+    """gpufleet.serving.node_teardown's registered result (failed_when false) as teardown_host_report's steps: a node
+    lost during the run, or a module that failed before its steps (an option refused, a library missing), fails at it."""
+    if result.get("unreachable"):
+        return {"check_mode": check_mode, "failed_step": TEARDOWN_TASK, "failure": {"msg": f"became unreachable: {result.get('msg') or ''}"}}
+    if result.get("result") not in ("done", "failed", "lease_held"):
+        return {"check_mode": check_mode, "failed_step": TEARDOWN_TASK, "failure": dict(result, failed=True)}
+    return dict(result.get("steps") or {}, check_mode=check_mode)
+
+
 def _units_signals(units: dict | None) -> list:
     """The signals systemd_stop_hard sent itself, unit after unit."""
     return [signal for unit in (units or {}).get("results") or [] for signal in unit.get("signals") or []]
@@ -460,6 +474,56 @@ def switch_run_report(host_reports: dict, run: dict) -> dict:
         "fleet": fleet_serving(hosts, run.get("started")),
         "hosts": hosts,
     }
+
+
+def merge_run_reports(documents: list) -> dict:
+    """One fleet report from the reports of the slices of one run (AWX/AAP job slicing, or runs with disjoint --limit):
+    every host once, with the report of the slice that ran it (a host outside a slice's limit is taken from the slice
+    that reached it); the summary, the fleet's serving count and the run's times over all of them, each slice's own in
+    ``slices``. Refuses reports of different playbooks or targets, and a host two slices ran (overlapping slices)."""
+    documents = [doc for doc in documents if doc]
+    if not documents:
+        raise ReportError("merge: no report to merge")
+    kinds = sorted({(doc.get("playbook"), doc.get("target")) for doc in documents}, key=str)
+    if len(kinds) != 1 or kinds[0][0] not in ("switch_engine", "gpu_cleanup"):
+        runs = ", ".join(" ".join(str(part) for part in kind if part) for kind in kinds)
+        raise ReportError(f"merge: the reports are of different runs: {runs}")
+    playbook, target = kinds[0]
+    hosts: dict = {}
+    ran_by: dict = {}
+    for index, doc in enumerate(documents):
+        for host, report in (doc.get("hosts") or {}).items():
+            outside = report.get("result") == NOT_REACHED and report.get("reason") == NOT_IN_LIMIT
+            if host in ran_by and not outside:
+                raise ReportError(f"merge: {host} was run by slices {ran_by[host] + 1} and {index + 1} (the slices overlap)")
+            if not outside:
+                ran_by[host] = index
+                hosts[host] = report
+            else:
+                hosts.setdefault(host, report)
+    hosts = dict(sorted(hosts.items()))
+    started = min((_unix(doc.get("started")) for doc in documents if doc.get("started")), default=None)
+    finished = max((_unix(doc.get("finished")) for doc in documents if doc.get("finished")), default=None)
+    merged = {
+        "schema_version": SCHEMA_VERSION,
+        "playbook": playbook,
+        "check_mode": any(doc.get("check_mode") for doc in documents),
+        "started": _iso(started),
+        "finished": _iso(finished),
+        "parameters": dict(documents[0].get("parameters") or {}),
+        "summary": _summary(hosts, SWITCH_RESULTS if playbook == "switch_engine" else TEARDOWN_RESULTS),
+        "hosts": hosts,
+        "slices": [{"run_id": doc.get("run_id"), "started": doc.get("started"), "finished": doc.get("finished"),
+                    "hosts": sorted(host for host, index in ran_by.items() if index == position), "summary": doc.get("summary")}
+                   for position, doc in enumerate(documents)],
+    }
+    if playbook == "switch_engine":
+        merged.update(run_id=None, target=target, fleet=fleet_serving(hosts, started))
+    return merged
+
+
+def _unix(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso).timestamp()
 
 
 def teardown_run_report(host_reports: dict, run: dict) -> dict:

@@ -74,13 +74,25 @@ class TreeMemory(threading.Thread):
             self.peak = max(self.peak, total)
 
 
-def timed_playbook(size: int, playbook: str, *extra: str, forks: int = DEFAULT_FORKS, pipelining: bool = True) -> dict:
+def mitogen_env() -> dict:
+    """Mitogen's strategy (PyPI mitogen), where it is installed: its linear strategy, one persistent interpreter per node."""
+    try:
+        import ansible_mitogen
+    except ImportError:
+        return {}
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"), "ANSIBLE_STRATEGY": "mitogen_linear",
+            # Mitogen's own SSH client does not read ansible_ssh_common_args' StrictHostKeyChecking
+            "ANSIBLE_HOST_KEY_CHECKING": "False"}
+
+
+def timed_playbook(size: int, playbook: str, *extra: str, forks: int = DEFAULT_FORKS, pipelining: bool = True, mitogen: bool = False) -> dict:
     argv = [PLAYBOOK, "-f", str(forks), "-i", str(inventory_of(size)), str(REPO / "playbooks" / playbook),
             "-e", f"ansible_pipelining={str(pipelining).lower()}", *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     with open(lab.BUILD / "last-run.log", "w") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=lab.BUILD, env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=lab.BUILD,
+                                   env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), **(mitogen_env() if mitogen else {})})
         memory = TreeMemory(process.pid)
         memory.start()
         process.wait()
@@ -88,7 +100,8 @@ def timed_playbook(size: int, playbook: str, *extra: str, forks: int = DEFAULT_F
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    row = {"playbook": playbook, "nodes": size, "forks": forks, "pipelining": pipelining, "args": list(extra), "ok": process.returncode == 0,
+    row = {"playbook": playbook, "nodes": size, "forks": forks, "pipelining": pipelining, "mitogen": mitogen, "args": list(extra),
+           "ok": process.returncode == 0,
            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_per_node_s": round(cpu / size, 3), "wall_per_node_s": round(wall / size, 3),
            # ru_maxrss of children: the largest process that ever ended, in KiB
            "largest_process_mib": round(after.ru_maxrss / 1024, 1), "tree_pss_mib": round(memory.peak / 2**20, 1)}
@@ -112,6 +125,10 @@ def measure(sizes: list[int], forks: list[int]) -> list[dict]:
             rows.append(timed_playbook(largest, "gpu_cleanup.yml", forks=count))
             rows.append(timed_playbook(largest, "switch_engine.yml", "-e", "target=sglang", "--check", forks=count))
     rows.append(timed_playbook(largest, "gpu_cleanup.yml", pipelining=False))
+    if mitogen_env():
+        for size in sorted({min(sizes, key=lambda n: abs(n - 10)), largest}):
+            rows.append(timed_playbook(size, "gpu_cleanup.yml", mitogen=True))
+            rows.append(timed_playbook(size, "switch_engine.yml", "-e", "target=sglang", "--check", mitogen=True))
     return rows
 
 

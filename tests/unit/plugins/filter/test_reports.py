@@ -465,3 +465,36 @@ def test_a_rerun_reports_what_an_interrupted_runs_cutover_did_from_the_nodes_rec
     assert "node1: its last cutover was another run's (20261204T170000-ctl-1.2-3, " in table and "switched from vllm to sglang" in table
     own = reports.switch_host_report(switch_record("switched", run_id=last["run_id"], last_cutover=last))
     assert own["last_cutover"] is None, "this run's own cutover is the report itself"
+
+
+# --- slices of one run (AWX/AAP job slicing) ------------------------------------------------------------------------------
+def slice_report(ran: list, outside: list, started: float, run_id: str) -> dict:
+    hosts = {host: reports.switch_host_report(rotated_record()) for host in ran} | dict.fromkeys(outside)
+    return dict(reports.switch_run_report(hosts, {"target": "sglang", "not_in_limit": outside, "started": started, "finished": started + 20,
+                                                  "run_id": run_id}))
+
+
+def test_the_slices_reports_merge_into_one_fleet_report():
+    first = slice_report(["node1", "node2"], ["node3"], T0, "slice-1")
+    second = slice_report(["node3"], ["node1", "node2"], T0 + 5, "slice-2")
+    merged = reports.merge_run_reports([first, second])
+    assert sorted(merged["hosts"]) == ["node1", "node2", "node3"]
+    assert [merged["hosts"][host]["result"] for host in ("node1", "node2", "node3")] == ["switched"] * 3
+    assert merged["summary"]["hosts"] == 3 and merged["summary"]["switched"] == 3 and merged["target"] == "sglang"
+    assert merged["started"] == first["started"] and merged["finished"] == second["finished"]
+    assert [(part["run_id"], part["hosts"]) for part in merged["slices"]] == [("slice-1", ["node1", "node2"]), ("slice-2", ["node3"])]
+    assert merged["fleet"]["nodes"] == 3 and merged["fleet"]["not_read"] == 0
+    # a host of no slice stays as the slices saw it
+    alone = reports.merge_run_reports([first])
+    assert alone["hosts"]["node3"]["result"] == "not_reached"
+
+
+def test_overlapping_slices_and_different_runs_are_refused():
+    first = slice_report(["node1", "node2"], [], T0, "slice-1")
+    with pytest.raises(reports.ReportError, match="node2 was run by slices 1 and 2"):
+        reports.merge_run_reports([first, slice_report(["node2"], ["node1"], T0, "slice-2")])
+    cleanup = reports.teardown_run_report({"node3": reports.teardown_host_report(teardown_steps())}, {})
+    with pytest.raises(reports.ReportError, match="different runs: gpu_cleanup, switch_engine sglang"):
+        reports.merge_run_reports([first, cleanup])
+    with pytest.raises(reports.ReportError, match="no report"):
+        reports.merge_run_reports([])

@@ -285,8 +285,8 @@ def test_a_target_that_crashes_in_its_soak_is_rolled_back_with_the_soaks_record(
 def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ended_with_an_engine_serving(tmp_path):
     """engine_cutover's last step on a real lease file and real marks: the lease given back however the cutover
     ended, the mark cleared only when an engine serves; neither when not asked."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
     from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as engine_cutover
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 
     store = lease.LeaseStore("switch_engine", str(tmp_path))
     mark = tmp_path / "staged"
@@ -315,9 +315,9 @@ def test_the_cutover_leaves_the_node_a_record_of_how_it_ended_for_the_next_run(t
     it ended and when - written whole, whatever the result; an unwritable one is noted, never a failure."""
     import json
 
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as engine_cutover
     from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
     from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as engine_cutover
 
     store = lease.LeaseStore("switch_engine", str(tmp_path))
     path = tmp_path / "state" / "last_cutover.json"

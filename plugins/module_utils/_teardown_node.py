@@ -1,0 +1,102 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""gpu_teardown's steps in one module run on the node (the gpu_teardown role's one task, as the cutover is the
+switch's): the node's lease, the GPU memory before, the decision (every holder found and classified; a refusal stops
+here, before any unit is stopped), the units stopped hard, the holders killed, the memory asserted, the lease given
+back. One round trip per node instead of seven. The steps are _cutover.teardown's, through the same node adapter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
+
+LEASE_NAME = "switch_engine"  # the node's one lease, shared with the switch: a cleanup and a switch never work on a node at once
+STEPS = ("units", "holders", "memory")
+# the steps as the report names a failed one (the gpu_teardown role's step names)
+STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that holds it",
+              "before": "Measure | GPU memory before the teardown",
+              "decide": "Decide | Find and classify every GPU holder; refuse before any unit is stopped",
+              "units": "Stop units | Stop each engine unit and empty its control group",
+              "holders": "Kill holders | Kill every unprotected process still holding the GPUs",
+              "after": "Assert memory | Every selected GPU is free of what the engines held"}
+
+
+@dataclass
+class Units:
+    """What _cutover.teardown stops: the engine units (a cutover's request carries its engines too)."""
+    units: list
+
+
+def lease_seconds(params: dict) -> float:
+    """Long enough for every bound of the teardown, with a margin; an owner that dies loses it after this."""
+    return (len(params["units"]) * (params["stop_timeout"] + params["kill_timeout"] + 1) + params["term_timeout"]
+            + params["holders_kill_timeout"] + params["memory_timeout"] + 120)
+
+
+def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: lease.LeaseStore | None = None) -> dict:
+    """The teardown's result: ``steps`` as gpufleet.serving.teardown_host_report reads them, ``result`` done, failed or
+    lease_held (another run holds the node's lease: nothing was touched), and ``msg`` when not done."""
+    unknown = sorted(set(params["steps"]) - set(STEPS))
+    if unknown:
+        raise Error(f"steps: unknown {', '.join(unknown)} (known: {', '.join(STEPS)})")
+    request = Units([systemd.normalize_unit_name(unit) for unit in params["units"]])
+    if check_mode:
+        steps = plan(params, request, node)
+        refused = steps.get("failure")
+        return {"changed": False, "result": "failed" if refused else "done", "msg": refused["msg"] if refused else None, "steps": steps}
+    owner = params["run_id"]
+    name = params.get("lease_name") or LEASE_NAME
+    store = store or (lease.LeaseStore(lease.LeaseRequest.from_params(dict(name=name, owner=owner, state="acquired", lease_seconds=1,
+                                                                            wait_timeout=0, break_owner=None)).name)
+                      if params["lease"] else None)
+    taken = None
+    if store:
+        try:
+            taken = lease.take(lease.LeaseRequest(name, owner, "acquired", lease_seconds(params), params["lease_wait"],
+                                                  params["break_owner"] or None), store, False, still_wanted)
+        except (LockTimeout, RequesterGone) as exc:
+            failure = dict(exc.context, failed=True, msg=exc.msg)
+            return {"changed": False, "result": "lease_held", "msg": exc.msg, "holder": exc.context.get("holder"),
+                    "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": STEP_NAMES["lease"], "failure": failure}}
+    try:
+        only = ("before",) * params["measure_before"] + tuple(
+            step for name, step in (("units", "units"), ("holders", "holders"), ("memory", "after"))
+            if name in params["steps"] and (name != "units" or request.units))
+        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only)
+        result = {"result": "done", "msg": None}
+    except cutover.TeardownFailed as exc:
+        steps = exc.context["steps"]
+        result = {"result": "failed", "msg": exc.msg}
+    finally:
+        if taken is not None:
+            store.release(owner)
+    steps.update(run_id=owner, lease=taken or {})
+    if steps.get("failed_step"):
+        steps["failed_step"] = STEP_NAMES.get(steps["failed_step"], steps["failed_step"])
+    changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
+        (steps.get("holders") or {}).get("changed"))
+    return dict(result, changed=changed, steps=steps)
+
+
+def plan(params: dict, request: Units, node) -> dict:
+    """Check mode: the memory now, the units that would be stopped and the holders that would be signalled (or refused)."""
+    steps: dict = {"check_mode": True, "run_id": params["run_id"], "lease": {}}
+    steps["before"] = node.memory(wait=False)
+    if "units" in params["steps"] and request.units:
+        steps["units"] = node.stop_units(request.units, params["stop_timeout"], check_mode=True)
+    if "holders" in params["steps"]:
+        try:
+            steps["holders"] = node.decide(request.units)
+        except Error as exc:  # the plan names the refusal; the run would fail there
+            steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
+            steps.update(failed_step=STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))
+    steps["after"] = steps["before"]
+    return steps

@@ -1,0 +1,75 @@
+#!/usr/bin/python
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import os
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
+from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
+from ansible_collections.gpufleet.serving.plugins.module_utils import _teardown_node as teardown_node
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
+try:
+    import pynvml
+except ImportError:
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
+
+ARGUMENT_SPEC = dict(
+    units=dict(type="list", elements="str", default=[]),
+    owners=dict(type="list", elements="str", default=[]),
+    steps=dict(type="list", elements="str", default=list(teardown_node.STEPS)),
+    measure_before=dict(type="bool", default=True),
+    stop_timeout=dict(type="float", default=90),
+    kill_timeout=dict(type="float", default=30),
+    disable_units=dict(type="bool", default=False),
+    stop_triggers=dict(type="bool", default=False),
+    gpus=dict(type="list", elements="str", default=[]),
+    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
+    protected=dict(type="list", elements="str", default=[]),
+    term_timeout=dict(type="float", default=30),
+    holders_kill_timeout=dict(type="float", default=30),
+    max_targets=dict(type="int", default=64),
+    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
+    max_used_mib=dict(type="int", default=512),
+    memory_timeout=dict(type="float", default=60),
+    expected_gpu_count=dict(type="int"),
+    settle=dict(type="float", default=0.25),
+    lease=dict(type="bool", default=True),
+    lease_name=dict(type="str", default=teardown_node.LEASE_NAME),
+    lease_wait=dict(type="float", default=0),
+    break_owner=dict(type="str"),
+    run_id=dict(type="str"),
+    journal_path=dict(type="str", default=journal.DEFAULT_PATH),
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if pynvml is None:
+        module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
+    parent = os.getppid()
+    module.params["run_id"] = module.params["run_id"] or journal.new_run_id("node_teardown")
+    try:
+        node = cutover_node.Node(module, module.params, ProcReader(), lambda: pynvml, caller="node_teardown")
+        # a wait for the lease whose controller was interrupted must not take it later for a run that no longer exists
+        result = teardown_node.run(module.params, node, module.check_mode, still_wanted=lambda: not requester_gone(parent=parent))
+    except Error as exc:
+        module.fail_json(msg=exc.msg, **exc.context)
+    if result["result"] != "done":  # failed, or lease_held: another run holds the node (nothing was touched)
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
