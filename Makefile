@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
-MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files model_stage report_files job_wait
+MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files model_stage report_files job_wait node_teardown
 
-.PHONY: help setup os-setup demo demo-real demo-modules bench stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -21,6 +21,7 @@ help:
 	@echo "make unit    pytest only"
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
+	@echo "make bench-fleet [NODES=100]  controller CPU and memory per node of the cleanup, the plan and the rolling switch at 1-NODES lab nodes"
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
 	@echo "make lab-up [NODES=3 GPUS=8 REAL_VLLM=1] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1; REAL_VLLM: vLLM's real CPU build)"
 
@@ -51,6 +52,12 @@ demo-modules:
 
 bench:
 	$(BIN)/python tests/bench/run_all.py
+
+# A fleet of NODES lab nodes (root, podman; about 2.3 GiB of memory per 100 nodes): each playbook's controller CPU and
+# memory per node at 1, 10, 50 and NODES nodes, forks 5/25/100, pipelining off, Mitogen's strategy (docs/benchmarks.md)
+# (make bench-fleet NODES=200; 100 by default - NODES alone is the demo lab's size)
+bench-fleet:
+	$(BIN)/python tests/bench/bench_fleet.py --nodes 1,10,50,$(if $(filter command line environment,$(origin NODES)),$(NODES),100)
 
 # Flake hunt (not CI): tests/tools/stress.py, figures in docs/testing.md.
 ROUNDS ?= 10
