@@ -5,9 +5,10 @@
 One lab of the largest size is started (its own: GPUFLEET_LAB=fleet, SSH ports from 3001); each size runs against an
 inventory of that many of its nodes. For each size, forks 25 and SSH pipelining on:
 
-- switch_engine.yml --check (the plan), then the rolling switch (batches 1, 10 %) to vLLM and back to SGLang,
-- gpu_cleanup.yml with SGLang serving on every node (each stopped), then again with nothing left to stop (the cost is
-  then all ours).
+- switch_engine.yml --check (the plan), then the rolling switch (batches 1, 10 %) to vLLM (--parts switch-back: and
+  back to SGLang),
+- gpu_cleanup.yml with the switch's engine serving on every node (each stopped), then again with nothing left to stop
+  (the cost is then all ours).
 
 At the largest size, gpu_cleanup.yml and --check also run with every forks value and with pipelining off. Measured per
 run: wall time, the controller's CPU seconds (ansible-playbook and everything it started - forks, ssh - from
@@ -111,24 +112,28 @@ def timed_playbook(size: int, playbook: str, *extra: str, forks: int = DEFAULT_F
     return row
 
 
-def measure(sizes: list[int], forks: list[int]) -> list[dict]:
+def measure(sizes: list[int], forks: list[int], parts: set[str]) -> list[dict]:
     rows: list[dict] = []
     largest = max(sizes)
     for size in sizes:
-        rows.append(timed_playbook(size, "switch_engine.yml", "-e", "target=vllm", "--check"))
-        for target in ("vllm", "sglang"):
-            rows.append(timed_playbook(size, "switch_engine.yml", "-e", f"target={target}", "-e", "switch_engine_serial=1,10%"))
-        rows.append(dict(timed_playbook(size, "gpu_cleanup.yml"), engines_stopped=True))
-        rows.append(timed_playbook(size, "gpu_cleanup.yml"))
-    for count in forks:
-        if count != DEFAULT_FORKS:
-            rows.append(timed_playbook(largest, "gpu_cleanup.yml", forks=count))
-            rows.append(timed_playbook(largest, "switch_engine.yml", "-e", "target=sglang", "--check", forks=count))
-    rows.append(timed_playbook(largest, "gpu_cleanup.yml", pipelining=False))
-    if mitogen_env():
-        for size in sorted({min(sizes, key=lambda n: abs(n - 10)), largest}):
-            rows.append(timed_playbook(size, "gpu_cleanup.yml", mitogen=True))
-            rows.append(timed_playbook(size, "switch_engine.yml", "-e", "target=sglang", "--check", mitogen=True))
+        if "check" in parts:
+            rows.append(timed_playbook(size, "switch_engine.yml", "-e", "target=vllm", "--check"))
+        if "switch" in parts:
+            for target in ("vllm", "sglang")[:2 if "switch-back" in parts else 1]:
+                rows.append(timed_playbook(size, "switch_engine.yml", "-e", f"target={target}", "-e", "switch_engine_serial=1,10%"))
+        if "cleanup" in parts:
+            rows.append(dict(timed_playbook(size, "gpu_cleanup.yml"), engines_stopped="switch" in parts))
+            rows.append(timed_playbook(size, "gpu_cleanup.yml"))
+    if "variants" in parts:
+        for count in forks:
+            if count != DEFAULT_FORKS:
+                rows.append(timed_playbook(largest, "gpu_cleanup.yml", forks=count))
+                rows.append(timed_playbook(largest, "switch_engine.yml", "-e", "target=sglang", "--check", forks=count))
+        rows.append(timed_playbook(largest, "gpu_cleanup.yml", pipelining=False))
+        if mitogen_env():
+            for size in sorted({min(sizes, key=lambda n: abs(n - 10)), largest}):
+                rows.append(timed_playbook(size, "gpu_cleanup.yml", mitogen=True))
+                rows.append(timed_playbook(size, "switch_engine.yml", "-e", "target=sglang", "--check", mitogen=True))
     return rows
 
 
@@ -137,6 +142,8 @@ def main() -> None:
     parser.add_argument("--nodes", default="1,10,50,100", help="fleet sizes, comma-separated")
     parser.add_argument("--forks", default="5,25,100", help="forks tried at the largest size")
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab running (and reuse one of the right size)")
+    parser.add_argument("--parts", default="check,switch,cleanup,variants",
+                        help="check, switch (to vLLM; switch-back: then to SGLang), cleanup, variants (forks, pipelining off, Mitogen)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "fleet_scale.json")
     args = parser.parse_args()
     sizes = sorted({int(size) for size in args.nodes.split(",")})
@@ -145,7 +152,7 @@ def main() -> None:
         lab.up(max(sizes), 8, reuse=args.keep_lab)
     started = time.monotonic()
     try:
-        rows = measure(sizes, forks)
+        rows = measure(sizes, forks, set(args.parts.split(",")))
     finally:
         if not args.keep_lab:
             with contextlib.redirect_stdout(sys.stderr):
