@@ -87,7 +87,8 @@ def mitogen_env() -> dict:
 
 
 def timed_playbook(size: int, playbook: str, *extra: str, forks: int = DEFAULT_FORKS, pipelining: bool = True, mitogen: bool = False) -> dict:
-    argv = [PLAYBOOK, "-f", str(forks), "-i", str(inventory_of(size)), str(REPO / "playbooks" / playbook),
+    path = HERE / playbook if (HERE / playbook).exists() else REPO / "playbooks" / playbook
+    argv = [PLAYBOOK, "-f", str(forks), "-i", str(inventory_of(size)), str(path),
             "-e", f"ansible_pipelining={str(pipelining).lower()}", *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
@@ -124,6 +125,9 @@ def measure(sizes: list[int], forks: list[int], parts: set[str]) -> list[dict]:
         if "cleanup" in parts:
             rows.append(dict(timed_playbook(size, "gpu_cleanup.yml"), engines_stopped="switch" in parts))
             rows.append(timed_playbook(size, "gpu_cleanup.yml"))
+    if "floor" in parts:  # Ansible's own cost of a task per node: ten set_fact tasks, ten ping tasks (ten skipped each)
+        for floor in ("set_fact", "ping"):
+            rows.append(timed_playbook(largest, "task_floor.yml", "-e", f"floor={floor}"))
     if "variants" in parts:
         for count in forks:
             if count != DEFAULT_FORKS:
@@ -142,8 +146,9 @@ def main() -> None:
     parser.add_argument("--nodes", default="1,10,50,100", help="fleet sizes, comma-separated")
     parser.add_argument("--forks", default="5,25,100", help="forks tried at the largest size")
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab running (and reuse one of the right size)")
-    parser.add_argument("--parts", default="check,switch,cleanup,variants",
-                        help="check, switch (to vLLM; switch-back: then to SGLang), cleanup, variants (forks, pipelining off, Mitogen)")
+    parser.add_argument("--parts", default="check,switch,cleanup,floor,variants",
+                        help="check, switch (to vLLM; switch-back: then to SGLang), cleanup, floor (Ansible's cost of a task), "
+                        "variants (forks, pipelining off, Mitogen)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "fleet_scale.json")
     args = parser.parse_args()
     sizes = sorted({int(size) for size in args.nodes.split(",")})
