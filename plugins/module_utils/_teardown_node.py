@@ -54,9 +54,10 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
         return {"changed": False, "result": "failed" if refused else "done", "msg": refused["msg"] if refused else None, "steps": steps}
     owner = params["run_id"]
     name = params.get("lease_name") or LEASE_NAME
-    store = store or (lease.LeaseStore(lease.LeaseRequest.from_params(dict(name=name, owner=owner, state="acquired", lease_seconds=1,
-                                                                            wait_timeout=0, break_owner=None)).name)
-                      if params["lease"] else None)
+    if store is None and params["lease"]:
+        # the name checked as host_lease checks it
+        checked = lease.LeaseRequest.from_params(dict(name=name, owner=owner, state="acquired", lease_seconds=1, wait_timeout=0, break_owner=None))
+        store = lease.LeaseStore(checked.name)
     taken = None
     if store:
         try:
