@@ -20,12 +20,13 @@ from conftest import REPO
 
 BIN = Path(sys.executable).parent
 # What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
-ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png",
+ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png", "docs/images/*.svg",
            "docs/examples/*.html",
-           "playbooks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
-           "plugins/modules/*.py", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
+           "playbooks/*.yml", "playbooks/tasks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
+           "plugins/modules/*.py", "plugins/modules/*.yml", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
            "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
-REQUIRED = ["playbooks/switch_engine.yml", "playbooks/gpu_cleanup.yml", "plugins/modules/gpu_holders_kill.py",
+REQUIRED = ["playbooks/switch_engine.yml", "playbooks/gpu_cleanup.yml", "playbooks/tasks/rollout_gate_stop.yml",
+            "plugins/modules/gpu_holders_kill.py", "plugins/modules/gpu_holders_kill.yml",
             "roles/switch_engine/tasks/main.yml", "meta/runtime.yml", "docs/reports.md"]
 
 
