@@ -126,10 +126,10 @@ def teardown_host_report(steps: dict) -> dict:
     if lost and not failed_step:
         failed_step, reason = lost, f"became unreachable during the {lost} step: {(steps.get(lost) or {}).get('msg') or ''}".rstrip(": ")
     report = {
-        "result": "failed" if failed_step else "ok",
+        "result": "not_reached" if steps.get("not_reached") else "failed" if failed_step else "ok",
         "check_mode": bool(steps.get("check_mode")),
         "failed_step": failed_step,
-        "reason": reason,
+        "reason": steps.get("not_reached") or reason,
         "units": units,
         "terminated": [process_summary(p, held) for p in holders.get("terminated") or []],
         "killed": [process_summary(p, held) for p in holders.get("killed") or []],
@@ -153,11 +153,20 @@ def teardown_host_report(steps: dict) -> dict:
 TEARDOWN_TASK = "Tear down - lease, decide, stop units, kill holders, assert memory (one module run on the node)"
 
 
+# SSH's words for a connection that was never made (the node was not reached: nothing ran on it)
+NEVER_CONNECTED = ("ssh: connect to host", "Connection timed out during banner exchange", "Could not resolve hostname", "No route to host",
+                   "Connection refused")
+
+
 def teardown_run_steps(result: dict, check_mode: bool) -> dict:
     """gpufleet.serving.node_teardown's registered result (failed_when false) as teardown_host_report's steps: a node
-    lost during the run, or a module that failed before its steps (an option refused, a library missing), fails at it."""
+    SSH never connected to was not reached (nothing ran on it); one lost during the run, or a module that failed before
+    its steps (an option refused, a library missing), fails at it."""
     if result.get("unreachable"):
-        return {"check_mode": check_mode, "failed_step": TEARDOWN_TASK, "failure": {"msg": f"became unreachable: {result.get('msg') or ''}"}}
+        message = str(result.get("msg") or "")
+        if any(words in message for words in NEVER_CONNECTED):
+            return {"check_mode": check_mode, "not_reached": f"unreachable: {message}"}
+        return {"check_mode": check_mode, "failed_step": TEARDOWN_TASK, "failure": {"msg": f"became unreachable: {message}"}}
     if result.get("result") not in ("done", "failed", "lease_held"):
         return {"check_mode": check_mode, "failed_step": TEARDOWN_TASK, "failure": dict(result, failed=True)}
     return dict(result.get("steps") or {}, check_mode=check_mode)

@@ -498,3 +498,16 @@ def test_overlapping_slices_and_different_runs_are_refused():
         reports.merge_run_reports([first, cleanup])
     with pytest.raises(reports.ReportError, match="no report"):
         reports.merge_run_reports([])
+
+
+def test_a_node_ssh_never_reached_is_not_reached_and_one_lost_mid_run_failed():
+    """node_teardown is the cleanup's first contact with a node: what SSH said decides whether anything ran there."""
+    refused = {"unreachable": True, "msg": "Failed to connect to the host via ssh: ssh: connect to host 10.0.0.7 port 22: Connection refused"}
+    report = reports.teardown_host_report(reports.teardown_run_steps(refused, False))
+    assert report["result"] == "not_reached" and report["reason"].startswith("unreachable: Failed to connect") and report["failed_step"] is None
+    dropped = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Shared connection to 10.0.0.7 closed."}
+    report = reports.teardown_host_report(reports.teardown_run_steps(dropped, False))
+    assert report["result"] == "failed" and report["reason"].startswith("became unreachable") and report["failed_step"].startswith("Tear down")
+    broken = {"failed": False, "msg": "Unsupported parameters for (gpufleet.serving.node_teardown) module: colour"}
+    report = reports.teardown_host_report(reports.teardown_run_steps(broken, True))
+    assert report["result"] == "failed" and "colour" in report["reason"] and report["check_mode"]
