@@ -20,7 +20,7 @@ help:
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
-	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, fleet scaling: docs/benchmarks-lab.md (not CI; root, podman)"
+	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, switch downtime: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make bench-fleet [NODES=100]  controller CPU and memory per node of the cleanup, the plan and the rolling switch at 1-NODES lab nodes"
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
 	@echo "make lab-up [NODES=3 GPUS=8 REAL_VLLM=1] / make lab-down   the simulated GPU fleet (podman, systemd, SSH on 127.0.0.1; REAL_VLLM: vLLM's real CPU build)"

@@ -34,8 +34,8 @@ def machine() -> str:
 
 
 def main() -> None:
-    """`run_all.py [scan] [teardown] [fleet] [switch]`: the parts named (all by default); the others are kept from the last run."""
-    parts = sys.argv[1:] or ["scan", "teardown", "fleet", "switch"]
+    """`run_all.py [scan] [teardown] [switch]`: the parts named (all by default); the others are kept from the last run."""
+    parts = sys.argv[1:] or ["scan", "teardown", "switch"]  # fleet scaling: make bench-fleet (tests/bench/bench_fleet.py)
     previous = DOCS / "results" / "bench_lab.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
     started = time.monotonic()
@@ -77,17 +77,7 @@ def render(results: dict) -> str:
         lines.append(f"| {row['processes']} x {row['fds_each']} ({row['descriptors']}) | {fuser['median_ms']} [{fuser['min_ms']}-{fuser['max_ms']}] "
                      f"| {row['scan']['median_ms']} [{row['scan']['min_ms']}-{row['scan']['max_ms']}] | {row['ratio_scan_to_fuser']} | "
                      f"{row['module']['median_ms']} | {row.get('module_peak_mib')} | {row['same_holders']} |")
-    lines += ["", "## 3. Fleet scaling (forks 20, SSH pipelining on unless stated)", "",
-              "| nodes | cleanup s (pipelining off) | cleanup s | per node s | switch to vLLM s | switch to SGLang s | per node s | controller peak MiB |",
-              "|---|---|---|---|---|---|---|---|"]
-    for row in results["fleet"]:
-        failed = [key for key, value in row.items() if isinstance(value, dict) and not value.get("ok", True)]
-        if failed:
-            lines.append(f"| {row['nodes']} | FAILED: {', '.join(failed)} | | | | | | |")
-            continue
-        lines.append(f"| {row['nodes']} | {row['cleanup_pipelining_off']['wall_s']} | {row['cleanup']['wall_s']} | {row['cleanup']['per_node_s']} | "
-                     f"{row['switch_to_vllm']['wall_s']} | {row['switch_to_sglang']['wall_s']} | {row['switch_to_sglang']['per_node_s']} | "
-                     f"{max(row[key]['controller_peak_mib'] or 0 for key in ('cleanup', 'switch_to_sglang'))} |")
+    lines += ["", "## 3. Fleet scaling", "", "`make bench-fleet` (up to 100 nodes): docs/benchmarks.md, \"Fleet scaling\"."]
     switch = results.get("switch")
     if switch:
         cold, warm = switch["downtime_s"]["cold"], switch["downtime_s"]["prewarm"]

@@ -20,7 +20,8 @@ from conftest import REPO
 
 BIN = Path(sys.executable).parent
 # What the artifact may hold; anything else (a cache, a lab image, a test) fails the test by name.
-ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png", "docs/images/*.svg",
+ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md", "meta/*.yml", "meta/ee-*.txt", "docs/*.md", "docs/images/*.png",
+           "docs/images/*.svg",
            "docs/examples/*.html",
            "playbooks/*.yml", "playbooks/tasks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
            "plugins/modules/*.py", "plugins/modules/*.yml", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
