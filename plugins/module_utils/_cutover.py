@@ -9,6 +9,10 @@ every engine unit hard, kill what still holds the GPUs, assert every GPU free, s
 serves (and, when asked, keeps serving through a soak) - or, when the target does not come up or crashes in its soak,
 tear it down and start the previous engine again.
 
+With a park (switch_engine_park_previous), the previous engine is parked after its drain instead of stopped: its
+weights go to host memory, its process stays, the teardown keeps it, and a rollback wakes it instead of starting it.
+Switching back to a parked engine (wake) stops the engine serving and wakes the parked one instead of starting it.
+
 Everything with a side effect goes through one seam, NodeOps, which the module builds from the other module_utils
 (_systemd, _holders_kill, _memory, _readiness) and tests replace. Phase times are the node's monotonic clock, turned into
 unix seconds once (the controller's marks are unix seconds too), so the report's phases are measured where they happen.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
@@ -31,6 +36,10 @@ RECORD_PATH = "/var/lib/gpufleet-serving/last_cutover.json"
 
 class NotServing(Error):
     """The target (or, in the rollback, the previous engine) did not serve within its bound."""
+
+
+class NotParked(Error):
+    """The previous engine parked but left too much on a GPU for the target: it is woken again."""
 
 
 class TeardownFailed(Error):
@@ -77,14 +86,25 @@ class CutoverRequest:
     # cutover with nothing touched) and its unit and secrets (_files.WantedFile, written with systemd reloaded)
     preflight: object | None = None
     files: list = field(default_factory=list)
+    park_previous: bool = False  # park the previous engine after its drain instead of stopping it
+    wake: bool = False  # the target is the engine parked on the node: kept through the teardown and woken, not started
+    evict: bool = False  # an engine parked on the node is stopped with the others (its record removed)
+    park_timeout: float = 120.0  # a park's or a wake's own call
+    target_memory_fraction: float | None = None  # the target's share of each GPU, checked against what a park leaves
 
     def __post_init__(self) -> None:
         if not self.units:
             raise InvalidInput("units: give every engine unit of the node (the target's among them)")
         if self.target.unit not in self.units:
             raise InvalidInput(f"units: {', '.join(self.units)} does not include the target's unit {self.target.unit}")
-        for name in ("drain_timeout", "stop_grace", "stop_timeout", "soak", "prewarm_timeout"):
+        for name in ("drain_timeout", "stop_grace", "stop_timeout", "soak", "prewarm_timeout", "park_timeout"):
             non_negative(name, getattr(self, name))
+        if self.park_previous and not self.previous:
+            raise InvalidInput("park_previous: there is no previous engine to park")
+        if self.park_previous and self.previous.unit == self.target.unit:
+            raise InvalidInput("park_previous: the previous engine runs in the target's unit; it cannot be parked and started again")
+        if self.park_previous and self.wake:
+            raise InvalidInput("park_previous and wake: at most one engine is parked on a node")
 
     @property
     def longest_run(self) -> float:
@@ -93,7 +113,9 @@ class CutoverRequest:
         prewarm = self.prewarm_timeout if self.prewarm_paths else 0.0
         # its version command, then NVML opened twice (the GPUs, their holders)
         preflight = self.preflight.version_timeout + 2 * self.preflight.nvml_timeout if self.preflight is not None else 0.0
-        return preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
+        standby = 2 * self.park_timeout if self.park_previous or self.wake else 0.0
+        return (preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
+                + standby)
 
 
 class NodeOps:
@@ -118,11 +140,25 @@ class NodeOps:
         """systemd_stop_hard per unit, as a looped task registers it: {results: [...]}; raises TeardownFailed."""
         raise NotImplementedError
 
-    def decide(self, units: list[str]) -> dict:
-        """The holders found and classified, nothing signalled; raises where the plan is refused."""
+    def decide(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
+        """The holders found and classified, nothing signalled; raises where the plan is refused. The processes of
+        ``kept`` (a parked engine's unit) are neither signalled nor foreign: they are listed as ``kept``."""
         raise NotImplementedError
 
-    def kill_holders(self, units: list[str]) -> dict:
+    def kill_holders(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
+        raise NotImplementedError
+
+    def park(self, engine: Engine, timeout: float) -> dict:
+        """Park the engine (its standby call); returns {seconds, invocation_id, leftover_mib {gpu: MiB}, gpus
+        [{index, total_mib}], host_memory_bytes}, measured once it answered; raises Error when it did not park."""
+        raise NotImplementedError
+
+    def wake(self, engine: Engine, timeout: float) -> dict:
+        """Wake the parked engine (its standby call): {seconds}; raises Error when it did not answer."""
+        raise NotImplementedError
+
+    def record_parked(self, record: dict | None) -> None:
+        """The node's record of its parked engine: written, or removed (None)."""
         raise NotImplementedError
 
     def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
@@ -176,19 +212,23 @@ class Phases:
         return self.marks[-1][0] if self.marks else None
 
 
-def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS) -> dict:
+def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS,
+             kept: str | None = None) -> dict:
     """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps (those
     of ``only``). With ``decide``, the holders are found and classified first and a refused plan (another user's
-    process, a restarting service's, too many) stops the teardown before any unit is stopped.
+    process, a restarting service's, too many) stops the teardown before any unit is stopped. ``kept``: a parked
+    engine's unit - not stopped, its processes not signalled, their GPU memory reported and not counted.
 
     Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
     """
     steps: dict = {"check_mode": False, "seconds": {}}
     clock = getattr(ops, "clock", None) or Clock()
+    keep = (kept,) if kept else ()
+    stopped = [unit for unit in request.units if unit not in keep]
     plan = (("before", lambda: ops.memory(wait=False)),
-            ("decide", lambda: ops.decide(request.units)),
-            ("units", lambda: ops.stop_units(request.units, stop_timeout)),
-            ("holders", lambda: ops.kill_holders(request.units)),
+            ("decide", lambda: ops.decide(stopped, keep) if keep else ops.decide(stopped)),
+            ("units", lambda: ops.stop_units(stopped, stop_timeout)),
+            ("holders", lambda: ops.kill_holders(stopped, keep) if keep else ops.kill_holders(stopped)),
             # what the engines released is judged: a holder reported and left keeps its memory
             ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps))))
     step = "before"
@@ -217,8 +257,10 @@ def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide:
 
 
 def left_holders(steps: dict) -> tuple[int, ...]:
-    """The pids of the holders the teardown's holders step reported and left running (outside_units=report)."""
-    return tuple(sorted({holder["pid"] for holder in (steps.get("holders") or {}).get("outside") or []}))
+    """The pids of the holders the teardown's holders step left running: reported (outside_units=report) or kept (a
+    parked engine's)."""
+    holders = steps.get("holders") or {}
+    return tuple(sorted({holder["pid"] for holder in (holders.get("outside") or []) + (holders.get("kept") or [])}))
 
 
 def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float) -> dict:
@@ -227,7 +269,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
                     "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None, "preflight": None, "files": None}
+                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "parked": None}
     if not prepare(request, ops, phases, result):
         phases.enter("end")
         result["marks"] = phases.marks
@@ -248,19 +290,28 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
                 stop_timeout = request.stop_grace  # idle: a short grace on SIGTERM
         else:
             stop_timeout = request.stop_grace  # nothing served: whatever is left gets the short grace
+        kept = request.target.unit if request.wake else None
+        if request.park_previous:
+            phases.enter("park")
+            kept = park_previous(request, ops, result)
         phases.enter("teardown")
         try:
-            result["teardown"] = teardown(request, ops, stop_timeout)
+            result["teardown"] = teardown(request, ops, stop_timeout, kept=kept)
         except TeardownFailed as exc:
             result["teardown"] = exc.context["steps"]
             raise
         phases.enter("bring_up")
         started = clock.monotonic()
-        ops.start(request.target.unit)
+        if request.wake:
+            result["wake"] = ops.wake(request.target, request.park_timeout)
+        else:
+            ops.start(request.target.unit)
         # while the engine loads: a node rebooted from here on starts the engine that serves (the rollback resets it)
         set_boot(request, ops, request.target.unit, result)
         result["ready"] = ops.wait_ready(request.target, request.target.ready_timeout)
         result["engine_start_s"] = round(clock.monotonic() - started, 3)
+        if request.wake:
+            result["wake"]["wake_s"] = result["engine_start_s"]
         if request.soak > 0:
             phases.enter("soak")
             result["soak"] = ops.soak(request.target, request.soak)
@@ -268,9 +319,11 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
         result.update(result="rolled_back", reason=f"{phases.current}: {exc.msg}")
         if phases.current == "soak":
             result["soak"] = exc.context.get("soak")
+        if isinstance(exc, NotParked):
+            result["park"] = exc.context.get("park")
         phases.enter("rollback")
         try:
-            result["rollback_teardown"] = rollback(request, ops)
+            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")))
         except Error as rollback_exc:
             result["rollback_error"] = rollback_exc.msg
             result["result"] = "rollback_failed"
@@ -278,9 +331,57 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
                 result["rollback_teardown"] = rollback_exc.context["steps"]
         # the engine meant to serve now starts at boot, whether its rollback came up or not
         set_boot(request, ops, request.previous.unit if request.previous else None, result)
+    record_parked(request, ops, result)
     phases.enter("end")
     result["marks"] = phases.marks
     return result
+
+
+def park_previous(request: CutoverRequest, ops: NodeOps, result: dict) -> str | None:
+    """Park the drained previous engine; the unit the teardown keeps, or None where it was not parked (its call failed:
+    it is stopped as without a park, and the result says why). Raises NotParked when what it leaves on a GPU does not
+    leave the target its share: the rollback then wakes it."""
+    try:
+        parked = ops.park(request.previous, request.park_timeout)
+    except Error as exc:
+        result["park"] = {"parked": False, "reason": f"the park failed, stopped instead: {exc.msg}"}
+        return None
+    parked = dict(parked, parked=True)
+    result["park"] = parked
+    problems = park.gpu_room(parked.get("gpus") or [], parked.get("leftover_mib") or {}, request.target_memory_fraction)
+    if problems:
+        raise NotParked("; ".join(problems), park=parked)
+    return request.previous.unit
+
+
+def parked_now(request: CutoverRequest, result: dict) -> str | None:
+    """The unit of the engine parked once the cutover ended, if any: the previous engine parked for a target that
+    serves, or one the rollback did not wake."""
+    parked = result.get("park") or {}
+    if not parked.get("parked"):
+        return None
+    if result["result"] == "switched":
+        return request.previous.unit
+    return None  # rolled back: woken; rollback_failed: the record is removed, the next run reads the units afresh
+
+
+def record_parked(request: CutoverRequest, ops: NodeOps, result: dict) -> None:
+    """The node's record of its parked engine, as the cutover left it (a wake or an eviction removes it)."""
+    if not (request.park_previous or request.wake or request.evict):
+        return  # no engine was or is parked here
+    unit = parked_now(request, result)
+    record = None
+    if unit:
+        parked = result["park"]
+        record = {"engine": request.previous.engine, "unit": unit, "model": request.previous.model, "url": request.previous.url,
+                  "invocation_id": parked.get("invocation_id"), "parked_at": parked.get("at"),
+                  "park_s": parked.get("seconds"), "leftover_mib": parked.get("leftover_mib") or {},
+                  "host_memory_bytes": parked.get("host_memory_bytes")}
+    try:
+        ops.record_parked(record)
+        result["parked"] = record
+    except Error as exc:  # the engines are as they are; the next run reads the units again
+        result["parked_error"] = exc.msg
 
 
 def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict) -> bool:
@@ -302,15 +403,19 @@ def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict)
     return True
 
 
-def rollback(request: CutoverRequest, ops: NodeOps) -> dict:
+def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False) -> dict:
     """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back, start
-    it and wait until it serves; raises what failed. Returns the rollback teardown's steps."""
-    steps = teardown(request, ops, request.stop_grace)
-    if request.restore:
+    it - or wake it, when it was parked - and wait until it serves; raises what failed. Returns the rollback
+    teardown's steps."""
+    steps = teardown(request, ops, request.stop_grace, kept=request.previous.unit if parked else None)
+    if request.restore and not parked:
         ops.restore(request.restore)
     ops.reset_failed([request.target.unit])
     if request.previous:
-        ops.start(request.previous.unit)
+        if parked:
+            ops.wake(request.previous, request.park_timeout)
+        else:
+            ops.start(request.previous.unit)
         ops.wait_ready(request.previous, request.previous.ready_timeout)
     return steps
 

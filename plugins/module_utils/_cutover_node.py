@@ -26,6 +26,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_k
 from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
@@ -82,19 +83,56 @@ class Node(cutover.NodeOps):
             raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
         return {"results": results}
 
-    def decide(self, units: list[str]) -> dict:
-        return self._holders(units, check_mode=True)
+    def decide(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
+        return self._holders(units, check_mode=True, kept=kept)
 
-    def kill_holders(self, units: list[str]) -> dict:
-        return self._holders(units, check_mode=False)
+    def kill_holders(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
+        return self._holders(units, check_mode=False, kept=kept)
 
-    def _holders(self, units: list[str], check_mode: bool) -> dict:
+    def park(self, engine: cutover.Engine, timeout: float) -> dict:
+        started = time.monotonic()
+        self._standby(engine, "park", timeout)
+        seconds = round(time.monotonic() - started, 3)
+        state = self.systemctl.show(engine.unit)
+        pids = set(systemd.Cgroup.locate(state.control_group, self.reader).pids())
+        with NvmlClient(self.nvml, 10) as nvml:
+            inventory = nvml.inventory()
+        leftover = {str(gpu["index"]): sum(process["used_mib"] or 0 for process in gpu["processes"] if process["pid"] in pids)
+                    for gpu in inventory["gpus"]}
+        memory_current = state.properties.get("MemoryCurrent", "")
+        return {"seconds": seconds, "at": round(time.time(), 3), "invocation_id": state.properties.get("InvocationID") or None,
+                "leftover_mib": {index: mib for index, mib in leftover.items() if mib},
+                "gpus": [{"index": gpu["index"], "total_mib": gpu.get("total_mib")} for gpu in inventory["gpus"]],
+                "host_memory_bytes": int(memory_current) if memory_current.isdigit() else None}
+
+    def wake(self, engine: cutover.Engine, timeout: float) -> dict:
+        started = time.monotonic()
+        self._standby(engine, "wake", timeout)
+        return {"call_s": round(time.monotonic() - started, 3)}
+
+    def _standby(self, engine: cutover.Engine, action: str, timeout: float) -> None:
+        method, path, body = park.CALLS[engine.engine][action]
+        answer = http.HttpClient(engine.url, engine.api_key, timeout=timeout or 120).request(method, path, body)
+        if answer.status != 200:
+            raise Error(f"{engine.engine} {method} {path}: " + (f"HTTP {answer.status} {answer.body[:200]}" if answer.status else str(answer.error)))
+
+    def record_parked(self, record: dict | None) -> None:
+        path = self.params.get("parked_path")
+        try:
+            if record is None:
+                park.remove_record(path)
+            elif path:
+                files.write_atomically(path, json.dumps(record) + "\n", 0o644)
+        except OSError as exc:
+            raise Error(f"{path}: {exc.strerror or exc}") from None
+
+    def _holders(self, units: list[str], check_mode: bool, kept: tuple[str, ...] = ()) -> dict:
         params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
                       protected_pids=[], term_timeout=self.params["term_timeout"],
                       kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
                       units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"],
-                      owners=self.params["owners"])
+                      owners=self.params["owners"], kept_units=list(kept))
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
                                          check_mode, self.host.warn, self.host.log, journal=self.journal)
@@ -212,7 +250,8 @@ def request_from_params(params: dict) -> cutover.CutoverRequest:
         units=[systemd.normalize_unit_name(unit) for unit in params["units"]], target=engine("target"), previous=engine("previous"),
         drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"], restore=params["restore"],
         boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"], prewarm_timeout=params["prewarm_timeout"],
-        preflight=preflight_request(params["preflight"]), files=wanted_files(params))
+        preflight=preflight_request(params["preflight"]), files=wanted_files(params), park_previous=params["park_previous"],
+        wake=params["wake"], evict=params["evict"], park_timeout=params["park_timeout"], target_memory_fraction=params["target_memory_fraction"])
 
 
 def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
@@ -237,7 +276,10 @@ def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
 
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     """Check mode: which units would be stopped and which started."""
-    active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
-    return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[],
+    kept = request.previous.unit if request.park_previous else request.target.unit if request.wake else None
+    active = [unit for unit in request.units if unit != kept and systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
+    standby = "would park " + request.previous.unit if request.park_previous else "would wake " + request.target.unit if request.wake else None
+    return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[], standby=standby,
+                park=None, wake=None, parked=None,
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
                 boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None)

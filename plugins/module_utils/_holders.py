@@ -324,6 +324,7 @@ class KillPlan:
     outside: list[dict] = field(default_factory=list)  # outside the units being stopped, left alone (report) or refused (fail)
     restarting: list[dict] = field(default_factory=list)  # in another service systemd would restart: refused
     foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
+    kept: list[dict] = field(default_factory=list)  # a parked engine's: never signalled
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     inventory: dict | None = None  # NVML's reading the plan was made from (None: not queried)

@@ -64,6 +64,8 @@ class KillRequest:
     outside_units: str = "fail"
     # the uids of the engines' users: their holders outside the units are the engines' own (escaped workers)
     owner_uids: frozenset[int] = frozenset()
+    # a parked engine's units: their processes are kept (never signalled, never foreign) and listed as such
+    kept_units: tuple[str, ...] = ()
 
     @classmethod
     def from_params(cls, params: dict, reader: ProcReader) -> KillRequest:
@@ -76,7 +78,8 @@ class KillRequest:
             if not os.path.isabs(pattern) or "\0" in pattern or "\n" in pattern:
                 raise InvalidInput(f"device_paths: {pattern!r} is not an absolute path or glob")
         units = tuple(params.get("units") or ())
-        for unit in units:
+        kept_units = tuple(params.get("kept_units") or ())
+        for unit in units + kept_units:
             if not unit or "/" in unit or not unit.isprintable() or "." not in unit:
                 raise InvalidInput(f"units: {unit!r} is not a unit name (for example vllm.service)")
         outside_units = params.get("outside_units") or "fail"
@@ -102,6 +105,7 @@ class KillRequest:
             units=units,
             outside_units=outside_units,
             owner_uids=frozenset(uid for uid in owner_uids if uid is not None),
+            kept_units=kept_units,
         )
 
     @property
@@ -215,6 +219,11 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
     (Restart= other than no): a holder that is the main process of another such service is never killed alone. It goes
     to `restarting`, which fails the task, unless it is foreign and outside_units leaves it alone (report, fail).
     """
+    # a parked engine's processes hold the GPUs on purpose: kept, whoever else is signalled
+    plan.kept = [target for target in plan.targets if target.get("unit") in request.kept_units]
+    plan.targets = [target for target in plan.targets if target.get("unit") not in request.kept_units]
+    for holder in plan.kept:
+        holder["placement"] = "kept_unit"
     policies: dict[str, tuple[str, int]] = {}
     for holder in plan.holders + plan.targets + plan.protected + plan.ambiguous:
         holder["placement"] = placement(holder, request.units)
@@ -287,7 +296,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
             "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids,
-            "unreadable": plan.unreadable}
+            "unreadable": plan.unreadable, "kept": plan.kept}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

@@ -14,15 +14,18 @@ reads go through one seam, NodeReader, which the module builds from the other mo
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 
 # a unit in these states runs (or is about to): its engine is one the switch drains and stops
 RUNNING_STATES = ("active", "activating", "reloading", "deactivating")
-UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "ExecStart")
+UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState", "ExecStart", "InvocationID")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, us
             "installed": properties.get("LoadState") == "loaded",
             "running": running[probe.engine],
             "enabled": properties.get("UnitFileState") == "enabled",
+            "invocation_id": properties.get("InvocationID") or None,
             "argv": argvs[probe.engine],
             "versions": versions,
             "version_reasons": reasons,
@@ -119,6 +123,44 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, us
     return {"engines": found, "paths": {path: reader.exists(path) for path in dict.fromkeys(paths)},
             "users": {name: reader.user(name) for name in dict.fromkeys(users or [])},
             "devices": {path: reader.device(path) for path in dict.fromkeys(devices or [])}}
+
+
+def parked(path: str | None, engines: dict) -> dict | None:
+    """The node's parked engine as recorded, with whether it is still that engine's running invocation (alive) and,
+    when not, why; None when no engine is parked."""
+    record = park.read_record(path)
+    if not record:
+        return None
+    found = engines.get(record["engine"]) or {}
+    if found.get("unit") != record["unit"]:
+        return dict(record, alive=False, reason=f"the parked {record['engine']}'s unit {record['unit']} is not its unit now")
+    alive, reason = park.alive(record, {"ActiveState": found.get("active_state"), "InvocationID": found.get("invocation_id")})
+    return dict(record, alive=alive, reason=reason)
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> dict:
+    """The host's available and total memory in bytes (None where unreadable)."""
+    values = {}
+    try:
+        with open(meminfo, encoding="ascii") as handle:
+            for line in handle:
+                name, _, rest = line.partition(":")
+                if name in ("MemAvailable", "MemTotal"):
+                    values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"available_bytes": values.get("MemAvailable"), "total_bytes": values.get("MemTotal")}
+
+
+def weights_bytes(path: str | None) -> int | None:
+    """The size of a model directory's weight files (what a park keeps in host memory); None when it is not a directory."""
+    if not path or not os.path.isdir(path):
+        return None
+    total = 0
+    for entry in os.scandir(path):
+        if entry.name.endswith(WEIGHT_SUFFIXES) and entry.is_file():
+            total += entry.stat().st_size
+    return total
 
 
 def last_cutover(path: str | None) -> dict | None:

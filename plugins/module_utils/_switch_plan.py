@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
@@ -50,6 +51,8 @@ class Settings:
     haproxy_backend: str = ""
     leave_tasks: str = ""  # the custom rotation's task files
     join_tasks: str = ""
+    park_previous: str = "off"  # off, auto (park where the engine and the host allow it) or required
+    park_margin_mib: int = 2048  # host memory kept free beside a parked engine's weights
 
     @classmethod
     def from_vars(cls, values: dict) -> Settings:
@@ -57,6 +60,7 @@ class Settings:
         if unknown:
             raise InvalidInput(f"switch plan settings: unknown {', '.join(unknown)}")
         settings = cls(**values)
+        park.check_mode(settings.park_previous)
         for name in ("prewarm_timeout", "lease_seconds", "soak_seconds", "stop_timeout", "drain_timeout", "kill_timeout", "term_timeout",
                      "memory_timeout"):
             object.__setattr__(settings, name, non_negative(name, float(getattr(settings, name))))
@@ -74,6 +78,11 @@ class Found:
     files: dict = field(default_factory=dict)  # the target's files that differ from its role's: {unit: [...], secrets: [...]}
     target_installed: str | None = None  # the version the target's executable runs
     user_ready: bool = True  # the target's own user is as its role would make it
+    parked: dict | None = None  # the engine parked on the node (engine_observe's parked: with alive, reason)
+    previous_argv: list = field(default_factory=list)  # the command the previous engine runs
+    previous_version: str | None = None  # the version it runs
+    host: dict = field(default_factory=dict)  # the host's memory: available_bytes, total_bytes
+    sizes: dict = field(default_factory=dict)  # bytes of weights by model directory
 
     @classmethod
     def from_vars(cls, values: dict) -> Found:
@@ -161,6 +170,7 @@ def plan(settings: Settings, node: Found) -> dict:
     cutover_lease = (settings.lease_seconds + bound + settings.soak_seconds + (settings.prewarm_timeout if where["prewarm"] == CUTOVER else 0.0)
                      + (PREFLIGHT_BOUND if where["preflight"] == CUTOVER else 0.0))
     return {
+        "park": park_plan(settings, node, would_change),
         "unchanged": unchanged,
         "would_change": would_change,
         "staged": staged,
@@ -180,6 +190,38 @@ def plan(settings: Settings, node: Found) -> dict:
         "staged_mark_files": ([{"name": "staged", "path": staged_mark(settings.backup_dir), "content": f"{settings.run_id}\n", "mode": "0600"}]
                               if in_place else []),
     }
+
+
+def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
+    """What becomes of the previous engine and of a parked one: the previous engine parked or stopped (and why), the
+    parked engine woken (the target is it, unchanged) or evicted (torn down as any engine), the path the target comes
+    up by (wake or cold), and a refusal before anything is drained (required, and the previous engine cannot park)."""
+    parked = node.parked or {}
+    live = parked if parked.get("alive") else None
+    wake = bool(live and live.get("engine") == settings.target and not any(would_change.values()))
+    decision = {"mode": settings.park_previous, "previous": "stop", "reason": None, "wake": wake, "evict": bool(live and not wake),
+                "parked_unit": live.get("unit") if live else None, "path": "wake" if wake else "cold", "cold_reason": None, "refused": None}
+    if live and not wake and live.get("engine") == settings.target:
+        decision["cold_reason"] = f"the parked {live['engine']} is not what was asked (its unit, secrets or version change): evicted"
+    elif parked and not live:
+        decision["cold_reason"] = parked.get("reason")
+    previous = node.previous
+    if settings.park_previous == "off" or previous in ("none", settings.target) or wake:
+        return decision
+    target = node.engines.get(settings.target) or {}
+    previous_facts = node.engines.get(previous) or {}
+    reason = (park.why_not_parkable(previous, node.previous_argv, node.previous_version)
+              or park.host_room((node.host or {}).get("available_bytes"), (node.sizes or {}).get(previous_facts.get("model_path") or ""),
+                                settings.park_margin_mib))
+    if reason is None and target.get("visible_devices") != previous_facts.get("visible_devices"):
+        reason = "the target and the previous engine are pinned to different GPUs (CUDA_VISIBLE_DEVICES): nothing to give back"
+    if reason:
+        decision["reason"] = reason
+        if settings.park_previous == "required":
+            decision["refused"] = f"switch_engine_park_previous is required and {previous} cannot be parked: {reason}"
+        return decision
+    decision["previous"] = "park"
+    return decision
 
 
 def staged_mark(backup_dir: str) -> str:

@@ -50,7 +50,7 @@ PROTECTED_PREFIXES = ("systemd-",)  # systemd's own units: journald, logind, ude
 SHOW_PROPERTIES = (
     "Id", "LoadState", "ActiveState", "SubState", "Job", "MainPID", "ControlPID", "ControlGroup", "KillMode",
     "SendSIGKILL", "TimeoutStopUSec", "Restart", "TriggeredBy", "InvocationID", "NRestarts", "FragmentPath",
-    "UnitFileState",
+    "UnitFileState", "MemoryCurrent",
 )
 
 

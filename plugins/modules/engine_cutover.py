@@ -12,6 +12,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 
@@ -63,6 +64,12 @@ ARGUMENT_SPEC = dict(
     journal_path=dict(type="str", default=journal.DEFAULT_PATH),
     run_id=dict(type="str"),
     record_path=dict(type="str", default=cutover.RECORD_PATH),
+    park_previous=dict(type="bool", default=False),
+    wake=dict(type="bool", default=False),
+    evict=dict(type="bool", default=False),
+    park_timeout=dict(type="float", default=120),
+    target_memory_fraction=dict(type="float"),
+    parked_path=dict(type="str", default=park.RECORD_PATH),
 )
 
 

@@ -34,6 +34,8 @@ ARGUMENT_SPEC = dict(
     lease=dict(type="dict", options=dict(name=dict(type="str", default="switch_engine"), owner=dict(type="str", required=True),
                                          lease_seconds=dict(type="float", required=True), break_owner=dict(type="str"))),
     record_path=dict(type="str", default="/var/lib/gpufleet-serving/last_cutover.json"),
+    parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
+    sizes=dict(type="list", elements="path", default=[]),
 )
 
 
@@ -107,10 +109,14 @@ def main() -> None:
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
-            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None)
+            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None, parked=None, host={}, sizes={})
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])
+        # what a park decides from: the engine parked now, the host's memory, the weights a park would keep there
+        result["parked"] = observe.parked(module.params["parked_path"], result["engines"])
+        result["host"] = observe.host_memory()
+        result["sizes"] = {path: observe.weights_bytes(path) for path in module.params["sizes"]}
     except OSError as exc:
         module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:

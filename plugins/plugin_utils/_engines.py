@@ -33,8 +33,8 @@ SGLANG_API_KEY_REFERENCE = "${SGLANG_API_KEY}"
 STOP_MARGIN_SECONDS = 30
 # Where a role variable is not <engine>_<key>.
 VARIABLE_NAMES = {
-    "vllm": {"memory_fraction": "vllm_gpu_memory_utilization", "max_running_requests": "vllm_max_num_seqs"},
-    "sglang": {"memory_fraction": "sglang_mem_fraction_static", "max_model_len": "sglang_context_length"},
+    "vllm": {"memory_fraction": "vllm_gpu_memory_utilization", "max_running_requests": "vllm_max_num_seqs", "standby": "vllm_sleep_mode"},
+    "sglang": {"memory_fraction": "sglang_mem_fraction_static", "max_model_len": "sglang_context_length", "standby": "sglang_memory_saver"},
 }
 SPECULATIVE_KEYS = ("draft_model", "num_speculative_tokens", "eagle_topk", "num_draft_tokens", "method")
 SPECULATIVE_DEFAULTS = {"num_speculative_tokens": 3, "eagle_topk": 1}
@@ -244,6 +244,8 @@ def vllm_argv(config: dict) -> list[str]:
         read.fail("expert_parallel", f"vLLM takes true or false, got {expert!r}")
     if expert:
         argv.append("--enable-expert-parallel")
+    if standby(read):
+        argv.append("--enable-sleep-mode")  # parks through POST /sleep (its routes need VLLM_SERVER_DEV_MODE=1)
     spec = speculative(read)
     if spec:
         argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": spec["draft_model_path"],
@@ -273,6 +275,9 @@ def sglang_argv(config: dict) -> list[str]:
                     ("--ep-size", ep_size)])
     if config.get("api_key"):
         argv += ["--api-key", SGLANG_API_KEY_REFERENCE]
+    if standby(read):
+        # parks through /release_memory_occupation; without the CPU backup its weights would be discarded
+        argv += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     spec = speculative(read)
     if spec:
         argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", spec["draft_model_path"],
@@ -280,6 +285,28 @@ def sglang_argv(config: dict) -> list[str]:
                  "--speculative-eagle-topk", str(spec["eagle_topk"]),
                  "--speculative-num-draft-tokens", str(spec["num_draft_tokens"])]
     return argv + common["extra"]
+
+
+STANDBY_VARIABLES = {"vllm": "vllm_sleep_mode", "sglang": "sglang_memory_saver"}
+
+
+def standby(read: _Reader) -> bool:
+    """Whether the engine is started so that it can be parked (switch_engine_park_previous). Its park and wake routes
+    must not widen what is reachable: vLLM's --api-key guards only /v1, so vLLM parks only bound to loopback; SGLang's
+    key guards every route but health and metrics, so SGLang parks bound to loopback or with its key."""
+    value = read.config.get("standby")
+    if value in (None, "", False, "false", "False"):
+        return False
+    if value not in (True, "true", "True"):
+        read.fail("standby", f"give true or false, got {value!r}")
+    host = read.text("host") or "127.0.0.1"
+    if read.engine == "vllm" and not is_loopback(host):
+        read.fail("standby", f"vLLM's sleep routes are not guarded by its API key and vllm_host {host} is not a loopback "
+                              "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
+    if read.engine == "sglang" and not is_loopback(host) and not read.config.get("api_key"):
+        read.fail("standby", f"sglang_host {host} is not a loopback address and sglang_api_key is empty: its "
+                              "memory routes would be open to anyone who reaches the port")
+    return True
 
 
 def engine_argv(config: dict, engine: str) -> list[str]:
@@ -406,6 +433,7 @@ def engine_facts(config: dict, engine: str) -> dict:
         # and a staged model's engine never reaches for the hub: nothing is downloaded inside the downtime
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
                                       [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")]
+                                      + ([("VLLM_SERVER_DEV_MODE", "1")] if engine == "vllm" and standby(read) else [])
                                       + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) or (spec and staged_model_dir(read, "draft_model_dir")) else [])
                                       + sorted(environment.items())),
         "speculative": spec,
@@ -418,6 +446,7 @@ def engine_facts(config: dict, engine: str) -> dict:
         # the share of each GPU it takes, for the fit beside other users' GPU processes (None: the engine's default)
         "memory_fraction": read.number("memory_fraction", float),
         "install": install,
+        "standby": standby(read),
         "install_dir": read.text("virtualenv") if install else None,
         **_virtualenvs(read, install),
         "version": (read.text("version") or None) if install else None,  # pinned only by an install

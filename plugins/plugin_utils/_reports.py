@@ -372,6 +372,29 @@ def switch_host_report(record: dict) -> dict:
         # the GPUs around the switch's teardown (before it, and after the last teardown - the rollback's when one ran)
         "memory_before": list((record.get("teardown") or {}).get("memory_before") or []),
         "memory_after": list((next((t for t in reversed(teardowns) if t), None) or {}).get("memory_after") or []),
+        **_standby(record, result),
+    }
+
+
+def _standby(record: dict, result: str) -> dict:
+    """A park's side of the report: what became of the previous engine (parked or stopped, and why), the path the
+    target came up by (a wake or a cold start, and why cold), park_s and wake_s, and the engine left parked."""
+    decided = record.get("standby") or {}
+    park = record.get("park") or {}
+    wake = record.get("wake") or {}
+    parked = record.get("parked") or None
+    if parked and not parked.get("alive", True):
+        parked = None  # a record of an engine that died is no parked engine
+    previous = decided.get("previous")
+    if previous == "park" and not park.get("parked") and result not in ("would_switch", "preflight_failed", "unchanged"):
+        previous = "stop"
+    return {
+        "standby": {"mode": decided.get("mode") or "off", "previous": previous, "reason": park.get("reason") or decided.get("reason"),
+                    "path": decided.get("path"), "cold_reason": decided.get("cold_reason"), "evicted": bool(decided.get("evict"))} if decided else None,
+        "park_s": park.get("seconds") if park.get("parked") else None,
+        "wake_s": wake.get("wake_s"),
+        "parked": {key: parked.get(key) for key in ("engine", "unit", "model", "host_memory_bytes", "leftover_mib", "park_s", "parked_at")}
+        if parked else None,
     }
 
 
@@ -411,7 +434,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "plan": None,
-            "terminated": [], "killed": [], "memory_before": [], "memory_after": []}
+            "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None}
 
 
 # --- the run documents --------------------------------------------------------------------------------------------------

@@ -57,6 +57,9 @@ def cutover_record(result: dict) -> dict:
         # when an engine served again, on the node's clock (the target, or the previous one after the rollback)
         "serving_since": (soaked or ended) if outcome == "switched" else ended if outcome == "rolled_back" else None,
         "cutover_result": outcome,
+        "park": result.get("park"),
+        "wake": result.get("wake"),
+        "parked": result.get("parked"),
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
         "lease_released": bool(result.get("lease_released")),
@@ -87,9 +90,13 @@ def observed(result: dict, names: list) -> dict:
     if missing:
         raise SwitchError(f"engine_observe did not answer for {', '.join(missing)}")
 
+    # a parked engine runs but serves no one: it is neither found (drained, stopped) nor the previous engine
+    parked = result.get("parked") or {}
+    parked_engine = parked.get("engine") if parked.get("alive") else None
+
     def having(key: str) -> list:
-        return [name for name in names if engines[name].get(key)]
-    return {"found": having("running"), "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
+        return [name for name in names if engines[name].get(key) and name != parked_engine]
+    return {"found": having("running"), "parked": parked or None, "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
             "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
             "versions": {name: dict(engines[name].get("versions") or {}) for name in names},
             "paths": dict(result.get("paths") or {})}

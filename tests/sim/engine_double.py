@@ -13,6 +13,11 @@ What it does like the real servers:
 - refuses connections while "loading", then serves /health, /v1/models, /v1/completions, /metrics (the real metric
   names, speculative-decoding counters), SGLang's /health_generate and /ready, with --api-key enforced as each engine
   does;
+- parks and wakes as the engines' standby does: vLLM with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 serves
+  POST /sleep?level=1, POST /wake_up, GET /is_sleeping; SGLang with --enable-memory-saver serves POST
+  /release_memory_occupation and /resume_memory_occupation (weights kept only with --enable-weights-cpu-backup).
+  Parked, each worker's simulated GPU memory drops to its context (park_leftover_mib) and the server keeps a copy of
+  the weight files in its own memory (the host-memory backup); completions are refused until it wakes;
 - on SIGTERM: vLLM rejects new requests (503) and drains up to --shutdown-timeout, SGLang still admits them and
   drains until no request runs (unbounded unless SGL_FORCE_SHUTDOWN), then stops its workers and exits 0.
 
@@ -32,6 +37,8 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
                              batches); under Restart= systemd starts it again, and it crashes again: a restart loop
   ignore_busy_gpus           start even when another process uses the GPUs (two engines on one node after a reboot)
   version                    the version `vllm --version` prints (default: the real one this double mimics)
+  park_seconds (0.2)         time a park takes; wake_seconds (0.3): time a wake takes
+  park_leftover_mib (600)    GPU memory each parked worker keeps (its CUDA context)
 
     engine_double.py --version vllm|sglang                prints the version
 """
@@ -81,6 +88,10 @@ def load_faults(engine: str) -> dict:
     return faults
 
 
+def weight_files(paths: list[str]) -> list[Path]:
+    return [weights for path in paths if Path(path).is_dir() for weights in sorted(Path(path).iterdir()) if weights.name.endswith(WEIGHT_SUFFIXES)]
+
+
 def read_weights(paths: list[str]) -> tuple[int, float]:
     """Read every byte of the weight files under each model directory, as a load does. Returns (bytes, seconds)."""
     started, total = time.monotonic(), 0
@@ -115,6 +126,9 @@ class Settings:
             self.context = int(args.max_model_len) if args.max_model_len and str(args.max_model_len).isdigit() else 32768
             # the real vLLM runs at most this many sequences at once and counts the rest as waiting (seen on its CPU build)
             self.max_sequences = int(args.max_num_seqs) if args.max_num_seqs and str(args.max_num_seqs).isdigit() else None
+            # the sleep endpoints exist only in the server's development mode
+            self.can_park = bool(args.enable_sleep_mode) and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+            self.keeps_weights = True
         else:
             self.model = args.model_path
             if not self.model:
@@ -130,6 +144,8 @@ class Settings:
             self.metrics = bool(args.enable_metrics)
             self.context = int(args.context_length) if args.context_length and str(args.context_length).isdigit() else 32768
             self.max_sequences = None
+            self.can_park = bool(args.enable_memory_saver)
+            self.keeps_weights = bool(args.enable_weights_cpu_backup)  # without it, released weights are discarded
 
 
 class Server:
@@ -142,6 +158,9 @@ class Server:
         self.crash_armed = threading.Event()
         self.warm = False
         self.workers: list[subprocess.Popen] = []
+        self.allocations: list[tuple[Path, int]] = []  # each worker's simulated GPU memory: (its file, its MiB)
+        self.parked = False
+        self.backup: list[bytes] = []
         self.created = int(time.time())
         self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "steps": 3}
 
@@ -177,8 +196,10 @@ class Server:
             if scoped:
                 argv = ["systemd-run", "--scope", "--quiet", f"--unit=gpufleet-fixture-scope-{os.getpid()}", *argv]
             worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-            if worker.stdout.readline().strip() != "ready":
+            answer = worker.stdout.readline().split()
+            if answer[:1] != ["ready"]:
                 fail(f"worker {rank} did not start")
+            self.allocations.append((Path(answer[1]), spec["mib"]))
             if not spec["survive"]:
                 self.workers.append(worker)  # the server has lost track of a surviving worker
         pynvml.nvmlShutdown()
@@ -204,7 +225,30 @@ class Server:
             threading.Timer(float(self.faults["crash_after_ready_seconds"]), os.kill, (os.getpid(), signal.SIGKILL)).start()
         return not (self.settings.engine == "sglang" and self.stopping.is_set())
 
+    # --- standby: park and wake ----------------------------------------------------------------------------------------
+    def park(self) -> None:
+        """Weights to host memory (a copy the server keeps), the KV cache dropped, each worker down to its context."""
+        if self.running:
+            raise RuntimeError(f"{self.running} request(s) running")
+        if not self.parked:
+            if self.settings.keeps_weights:
+                self.backup = [path.read_bytes() for path in weight_files([self.settings.model])]
+            time.sleep(float(self.faults.get("park_seconds", 0.2)))
+            for path, _mib in self.allocations:
+                nvml_sim.resize(path, int(self.faults.get("park_leftover_mib", 600)))
+            self.parked = True
+
+    def wake(self) -> None:
+        if self.parked:
+            time.sleep(float(self.faults.get("wake_seconds", 0.3)))
+            for path, mib in self.allocations:
+                nvml_sim.resize(path, mib)
+            self.backup = []
+            self.parked = False
+
     def complete(self, body: dict) -> tuple[int, dict]:
+        if self.parked:
+            return 503, {"error": {"message": "The engine is sleeping", "type": "ServiceUnavailableError", "param": None, "code": 503}}
         if self.settings.engine == "vllm" and self.stopping.is_set():
             # vLLM's EngineCore rejects new requests once shutdown is requested (it drains only those it has)
             return 503, {"error": {"message": "The engine is shutting down; request aborted", "type": "ServiceUnavailableError",
@@ -313,6 +357,8 @@ class Server:
                     return self.send(200, server.metrics(), "text/plain; version=0.0.4")
                 if path == "/version":
                     return self.send(200, {"version": VERSIONS[server.settings.engine]})
+                if path == "/is_sleeping" and server.settings.engine == "vllm" and server.settings.can_park:
+                    return self.send(200, {"is_sleeping": server.parked})
                 return self.send(404, {"detail": "Not Found"})
 
             def do_POST(self):
@@ -321,6 +367,16 @@ class Server:
                 raw = self.rfile.read(length) if length else b"{}"
                 if not self.authorized():
                     return self.send(401, {"error": "Unauthorized"})
+                standby = {"vllm": {"/sleep": server.park, "/wake_up": server.wake},
+                           "sglang": {"/release_memory_occupation": server.park, "/resume_memory_occupation": server.wake}}
+                action = standby[server.settings.engine].get(path) if server.settings.can_park else None
+                if action:
+                    try:
+                        action()
+                    except RuntimeError as exc:
+                        return self.send(500, {"error": {"message": str(exc), "type": "InternalServerError", "param": None, "code": 500}})
+                    # vLLM answers an empty 200; SGLang's handler returns nothing, which its framework sends as null
+                    return self.send(200, "" if server.settings.engine == "vllm" else "null")
                 if path != "/v1/completions":
                     return self.send(404, {"detail": "Not Found"})
                 try:
@@ -372,11 +428,11 @@ def worker_main(spec: dict) -> None:
             os._exit(0)  # the server loses track of it; it is reparented to PID 1
     set_title(f"VLLM::Worker_TP{spec['rank']}" if spec["engine"] == "vllm" else f"sglang::scheduler_TP{spec['rank']}")
     held = [open(DEV / f"nvidia{spec['minor']}", "rb"), open(DEV / "nvidiactl", "rb"), open(DEV / "nvidia-uvm", "rb")]  # noqa: SIM115
-    nvml_sim.allocate(NVML_ROOT, spec["gpu"], spec["mib"], [os.getpid()], linger_ms=int(faults.get("release_delay_ms", 0)))
+    allocation = nvml_sim.allocate(NVML_ROOT, spec["gpu"], spec["mib"], [os.getpid()], linger_ms=int(faults.get("release_delay_ms", 0)))
     if faults.get("leak_mib"):
         nvml_sim.allocate(NVML_ROOT, spec["gpu"], int(faults["leak_mib"]), [], leak=True)
     parent = os.getppid()
-    print("ready", flush=True)
+    print(f"ready {allocation}", flush=True)
     if spec.get("survive"):
         sys.stdout.close()
         while True:  # outlives the server: nothing watches for its exit

@@ -155,3 +155,12 @@ def allocate(root: Path, gpu: int, mib: int, holders: list[int], reported_pid: i
     partial.write_text(f"gpu={gpu} mib={mib} pid={reported} kind={kind} {holder_words}\n", encoding="ascii")
     partial.rename(path)
     return path
+
+
+def resize(path: Path, mib: int) -> None:
+    """Change an allocation's memory in place (an engine that parks keeps its context and gives the rest back)."""
+    path = Path(path)
+    words = [f"mib={mib}" if word.startswith("mib=") else word for word in path.read_text(encoding="ascii").split()]
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(" ".join(words) + "\n", encoding="ascii")
+    partial.rename(path)

@@ -296,8 +296,14 @@ def test_a_node_lost_during_its_teardown_is_failed_not_ok():
     assert report["reason"] == "became unreachable during the holders step: ssh: connection refused"
 
 
+PARKED_VLLM = {"engine": "vllm", "unit": "vllm.service", "model": "llama70b", "invocation_id": "abc", "parked_at": T0 + 6, "park_s": 0.4,
+               "leftover_mib": {"0": 610}, "host_memory_bytes": 70 * 2**30}
+
+
 def test_the_switch_document_matches_its_documentation():
-    hosts = {"node1": reports.switch_host_report(rotated_record()), "node2": reports.switch_host_report(planned_record()), "node3": None}
+    standby = {"standby": {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "path": "cold", "cold_reason": None},
+               "park": dict(PARKED_VLLM, parked=True, seconds=0.4), "parked": PARKED_VLLM}
+    hosts = {"node1": reports.switch_host_report(rotated_record(**standby)), "node2": reports.switch_host_report(planned_record()), "node3": None}
     document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
                                                  "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
                                                                 "max_fail_percentage": 0, "rotation": "none", "soak_seconds": 15}})

@@ -1,0 +1,115 @@
+# Copyright (c) 2026, gpufleet.serving contributors
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE to the collection: may change at any time. Do not use from other collections.
+
+"""Parking an engine: its weights moved to host memory and its GPU memory given back while its process (and its CUDA
+context) stays, so that switching back to it is a wake instead of a cold start.
+
+What an engine can do (from the command its unit runs), the HTTP calls that park and wake it, whether the host and
+the GPUs have room (numbers in every refusal), and the node's record of the engine it keeps parked. Pure but for the
+record's file; no AnsibleModule import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+
+MODES = ("off", "auto", "required")
+# the node's record of its parked engine (engine_observe reads it; engine_cutover writes and clears it)
+RECORD_PATH = "/var/lib/gpufleet-serving/parked.json"
+MIB = 1 << 20
+
+# (method, path, JSON body or None) of each engine's standby calls: vLLM's sleep mode (level 1 keeps the weights in
+# host memory; level 2 drops them, which is no park), SGLang's memory saver (weights kept only with their CPU backup)
+CALLS = {
+    "vllm": {"park": ("POST", "/sleep?level=1", None), "wake": ("POST", "/wake_up", None)},
+    "sglang": {"park": ("POST", "/release_memory_occupation", {}), "wake": ("POST", "/resume_memory_occupation", {})},
+}
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise InvalidInput(f"switch_engine_park_previous: {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def why_not_parkable(engine: str, argv: list[str], version: str | None) -> str | None:
+    """Why the engine running ``argv`` cannot be parked, or None when it can. Read from the command its unit runs: a
+    setting added since it started only takes effect at its next start."""
+    if engine == "vllm":
+        if version and "cpu" in (version.partition("+")[2] or "").lower():
+            return f"vLLM {version} is a CPU build: it has no sleep mode"
+        if "--enable-sleep-mode" not in argv:
+            return "vllm runs without --enable-sleep-mode (vllm_sleep_mode: true takes effect at its next start)"
+        return None
+    if engine == "sglang":
+        missing = [flag for flag in ("--enable-memory-saver", "--enable-weights-cpu-backup") if flag not in argv]
+        if missing:
+            return (f"sglang runs without {' and '.join(missing)} (without the CPU backup its weights are discarded, not parked; "
+                    "sglang_memory_saver: true takes effect at its next start)")
+        return None
+    return f"{engine} has no standby"
+
+
+def host_room(available_bytes: int | None, weights_bytes: int | None, margin_mib: int) -> str | None:
+    """Why the host cannot keep the parked weights (with the margin), or None when it can."""
+    if available_bytes is None:
+        return "the host's available memory could not be read"
+    if weights_bytes is None:
+        return "the parked engine's weights could not be sized (its model is not a local directory)"
+    needed = weights_bytes + margin_mib * MIB
+    if needed > available_bytes:
+        return (f"host memory: {weights_bytes / 2**30:.1f} GiB of weights + {margin_mib} MiB margin > "
+                f"{available_bytes / 2**30:.1f} GiB available")
+    return None
+
+
+def gpu_room(gpus: list[dict], leftover_mib: dict, fraction: float | None) -> list[str]:
+    """Per GPU: the target's demand (its memory fraction of the GPU) plus what the parked engine keeps there, within
+    the GPU. ``gpus``: [{index, total_mib}]; ``leftover_mib``: {index: MiB} (keys may be strings, as JSON has them)."""
+    if not fraction:
+        return []
+    problems = []
+    for gpu in gpus:
+        left = int(leftover_mib.get(gpu["index"], leftover_mib.get(str(gpu["index"]), 0)) or 0)
+        total = int(gpu.get("total_mib") or 0)
+        if left and total and fraction * total + left > total:
+            problems.append(f"GPU {gpu['index']}: the target's {fraction:g} x {total} MiB + {left} MiB kept by the parked engine > {total} MiB")
+    return problems
+
+
+def read_record(path: str | None) -> dict | None:
+    """The node's parked engine as recorded, or None (none, or unreadable: then nothing is kept as parked)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("unit") and record.get("engine") else None
+
+
+def alive(record: dict | None, unit_properties: dict) -> tuple[bool, str | None]:
+    """Is the recorded parked engine still the unit's running invocation? (False, why) when it died or was restarted:
+    a restarted engine serves cold, it is not the parked one."""
+    if not record:
+        return False, None
+    state = unit_properties.get("ActiveState")
+    if state != "active":
+        return False, f"the parked {record['engine']} died ({record['unit']} is {state or 'unknown'})"
+    if record.get("invocation_id") and unit_properties.get("InvocationID") != record["invocation_id"]:
+        return False, f"the parked {record['engine']} was restarted since it parked ({record['unit']} has another invocation)"
+    return True, None
+
+
+def remove_record(path: str | None) -> bool:
+    if path and os.path.lexists(path):
+        os.unlink(path)
+        return True
+    return False
