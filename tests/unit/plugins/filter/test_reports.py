@@ -77,7 +77,8 @@ ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(term
            (r"^(fleet\.serving|hosts\.<host>\.out_of_rotation)\[\].*", r"\1"),
            (r"\.protected\[\]\.(?!reason)", ".killed[]."),
            (r"\.outside\[\]\.(?!placement)", ".killed[]."),
-           (r"\.memory_before\[\]\.", ".memory_after[].")]
+           (r"\.memory_before\[\]\.", ".memory_after[]."),
+           (r"\.leftover_mib\.\d+$", ".leftover_mib")]  # keyed by GPU index
 
 
 def documented_keys(heading: str) -> set[str]:
