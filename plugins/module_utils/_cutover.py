@@ -213,17 +213,17 @@ class Phases:
 
 
 def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS,
-             kept: str | None = None) -> dict:
+             kept: tuple[str, ...] = ()) -> dict:
     """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps (those
     of ``only``). With ``decide``, the holders are found and classified first and a refused plan (another user's
     process, a restarting service's, too many) stops the teardown before any unit is stopped. ``kept``: a parked
-    engine's unit - not stopped, its processes not signalled, their GPU memory reported and not counted.
+    engine's units - not stopped, its processes not signalled, their GPU memory reported and not counted.
 
     Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
     """
     steps: dict = {"check_mode": False, "seconds": {}}
     clock = getattr(ops, "clock", None) or Clock()
-    keep = (kept,) if kept else ()
+    keep = tuple(kept)
     stopped = [unit for unit in request.units if unit not in keep]
     plan = (("before", lambda: ops.memory(wait=False)),
             ("decide", lambda: ops.decide(stopped, keep) if keep else ops.decide(stopped)),
@@ -290,7 +290,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
                 stop_timeout = request.stop_grace  # idle: a short grace on SIGTERM
         else:
             stop_timeout = request.stop_grace  # nothing served: whatever is left gets the short grace
-        kept = request.target.unit if request.wake else None
+        kept = (request.target.unit,) if request.wake else ()
         if request.park_previous:
             phases.enter("park")
             kept = park_previous(request, ops, result)
@@ -337,21 +337,21 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     return result
 
 
-def park_previous(request: CutoverRequest, ops: NodeOps, result: dict) -> str | None:
-    """Park the drained previous engine; the unit the teardown keeps, or None where it was not parked (its call failed:
+def park_previous(request: CutoverRequest, ops: NodeOps, result: dict) -> tuple[str, ...]:
+    """Park the drained previous engine; the units the teardown keeps, none where it was not parked (its call failed:
     it is stopped as without a park, and the result says why). Raises NotParked when what it leaves on a GPU does not
     leave the target its share: the rollback then wakes it."""
     try:
         parked = ops.park(request.previous, request.park_timeout)
     except Error as exc:
         result["park"] = {"parked": False, "reason": f"the park failed, stopped instead: {exc.msg}"}
-        return None
+        return ()
     parked = dict(parked, parked=True)
     result["park"] = parked
     problems = park.gpu_room(parked.get("gpus") or [], parked.get("leftover_mib") or {}, request.target_memory_fraction)
     if problems:
         raise NotParked("; ".join(problems), park=parked)
-    return request.previous.unit
+    return (request.previous.unit,)
 
 
 def parked_now(request: CutoverRequest, result: dict) -> str | None:
@@ -407,7 +407,7 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False) -> dic
     """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back, start
     it - or wake it, when it was parked - and wait until it serves; raises what failed. Returns the rollback
     teardown's steps."""
-    steps = teardown(request, ops, request.stop_grace, kept=request.previous.unit if parked else None)
+    steps = teardown(request, ops, request.stop_grace, kept=(request.previous.unit,) if parked else ())
     if request.restore and not parked:
         ops.restore(request.restore)
     ops.reset_failed([request.target.unit])

@@ -36,7 +36,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Ch
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader
 
 
 class Node(cutover.NodeOps):
@@ -94,16 +94,16 @@ class Node(cutover.NodeOps):
         self._standby(engine, "park", timeout)
         seconds = round(time.monotonic() - started, 3)
         state = self.systemctl.show(engine.unit)
-        pids = set(systemd.Cgroup.locate(state.control_group, self.reader).pids())
+        group = systemd.Cgroup.locate(state.control_group, self.reader)
+        pids = set(group.pids())
         with NvmlClient(self.nvml, 10) as nvml:
             inventory = nvml.inventory()
         leftover = {str(gpu["index"]): sum(process["used_mib"] or 0 for process in gpu["processes"] if process["pid"] in pids)
                     for gpu in inventory["gpus"]}
-        memory_current = state.properties.get("MemoryCurrent", "")
         return {"seconds": seconds, "at": round(time.time(), 3), "invocation_id": state.properties.get("InvocationID") or None,
                 "leftover_mib": {index: mib for index, mib in leftover.items() if mib},
                 "gpus": [{"index": gpu["index"], "total_mib": gpu.get("total_mib")} for gpu in inventory["gpus"]],
-                "host_memory_bytes": int(memory_current) if memory_current.isdigit() else None}
+                "host_memory_bytes": host_memory(state.properties.get("MemoryCurrent", ""), group, pids, self.reader)}
 
     def wake(self, engine: cutover.Engine, timeout: float) -> dict:
         started = time.monotonic()
@@ -198,6 +198,26 @@ class Node(cutover.NodeOps):
             return self.systemctl.show(unit).properties
         except CommandFailed:
             return {}
+
+
+def host_memory(memory_current: str, group: systemd.Cgroup, pids: set[int], reader: ProcReader) -> int | None:
+    """A parked engine's host memory: its unit's memory as systemd accounts it, else its group's memory.current, else
+    the resident memory of its processes (a host without memory accounting)."""
+    if memory_current.isdigit():
+        return int(memory_current)
+    if group.directory:
+        try:
+            with open(os.path.join(group.directory, "memory.current"), encoding="ascii") as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            pass
+    total = 0
+    for pid in pids:
+        try:
+            total += int(reader.status(pid).get("VmRSS", "0 kB").split()[0]) * 1024
+        except (ProcessGone, OSError, ValueError, IndexError, KeyError):
+            continue
+    return total or None
 
 
 def finish(result: dict, params: dict, store: lease.LeaseStore, request: cutover.CutoverRequest) -> None:

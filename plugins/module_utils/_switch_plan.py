@@ -169,8 +169,13 @@ def plan(settings: Settings, node: Found) -> dict:
     bound = cutover_bound(target.get("ready_timeout") or 0.0, previous.get("ready_timeout") if previous else None, settings, stop_bound)
     cutover_lease = (settings.lease_seconds + bound + settings.soak_seconds + (settings.prewarm_timeout if where["prewarm"] == CUTOVER else 0.0)
                      + (PREFLIGHT_BOUND if where["preflight"] == CUTOVER else 0.0))
+    standby = park_plan(settings, node, would_change)
+    checks = ["model", "gpus", "port", "holders"] if settings.check_mode and installs else ["executable", "model", "gpus", "port", "holders"]
+    if standby["wake"]:
+        # the parked target holds its port and its GPUs already: what is checked is that it is still whole
+        checks = [check for check in checks if check not in ("gpus", "port")]
     return {
-        "park": park_plan(settings, node, would_change),
+        "park": standby,
         "unchanged": unchanged,
         "would_change": would_change,
         "staged": staged,
@@ -183,8 +188,7 @@ def plan(settings: Settings, node: Found) -> dict:
         "cutover_bound": bound,
         "cutover_lease_seconds": round(cutover_lease, 1),
         # in check mode a pinned install that would happen has not: its executable cannot run yet
-        "preflight_checks": (["model", "gpus", "port", "holders"] if settings.check_mode and installs
-                             else ["executable", "model", "gpus", "port", "holders"]),
+        "preflight_checks": checks,
         "stage_items": stage_items(target),
         # the mark written with the target's files where they replace the running engine's (removed when the switch ends)
         "staged_mark_files": ([{"name": "staged", "path": staged_mark(settings.backup_dir), "content": f"{settings.run_id}\n", "mode": "0600"}]

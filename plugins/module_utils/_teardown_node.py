@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
 
@@ -71,7 +72,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
         only = ("before",) * params["measure_before"] + tuple(
             step for name, step in (("units", "units"), ("holders", "holders"), ("memory", "after"))
             if name in params["steps"] and (name != "units" or request.units))
-        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only)
+        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only, kept=kept_units(params, node))
         result = {"result": "done", "msg": None}
     except cutover.TeardownFailed as exc:
         steps = exc.context["steps"]
@@ -87,15 +88,28 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     return dict(result, changed=changed, steps=steps)
 
 
+def kept_units(params: dict, node) -> tuple[str, ...]:
+    """The units kept running, their processes unsignalled: those given, and with keep_parked the node's parked engine
+    (when it is still the invocation that parked)."""
+    kept = [systemd.normalize_unit_name(unit) for unit in params.get("kept_units") or []]
+    if params.get("keep_parked"):
+        record = park.read_record(params.get("parked_path") or park.RECORD_PATH)
+        if record and park.alive(record, node.unit_properties(record["unit"]))[0]:
+            kept.append(record["unit"])
+    return tuple(dict.fromkeys(kept))
+
+
 def plan(params: dict, request: Units, node) -> dict:
     """Check mode: the memory now, the units that would be stopped and the holders that would be signalled (or refused)."""
     steps: dict = {"check_mode": True, "run_id": params["run_id"], "lease": {}}
     steps["before"] = node.memory(wait=False)
-    if "units" in params["steps"] and request.units:
-        steps["units"] = node.stop_units(request.units, params["stop_timeout"], check_mode=True)
+    kept = kept_units(params, node)
+    units = [unit for unit in request.units if unit not in kept]
+    if "units" in params["steps"] and units:
+        steps["units"] = node.stop_units(units, params["stop_timeout"], check_mode=True)
     if "holders" in params["steps"]:
         try:
-            steps["holders"] = node.decide(request.units)
+            steps["holders"] = node.decide(units, kept) if kept else node.decide(units)
         except Error as exc:  # the plan names the refusal; the run would fail there
             steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
             steps.update(failed_step=STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))

@@ -27,6 +27,9 @@ else:
 
 ARGUMENT_SPEC = dict(
     units=dict(type="list", elements="str", default=[]),
+    kept_units=dict(type="list", elements="str", default=[]),
+    keep_parked=dict(type="bool", default=False),
+    parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
     owners=dict(type="list", elements="str", default=[]),
     steps=dict(type="list", elements="str", default=list(teardown_node.STEPS)),
     measure_before=dict(type="bool", default=True),

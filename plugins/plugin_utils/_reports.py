@@ -398,6 +398,33 @@ def _standby(record: dict, result: str) -> dict:
     }
 
 
+def standby_lines(report: dict, planned: bool) -> list[str]:
+    """What a park did (or, in check mode, would do) on a node: the previous engine parked or why not, the parked
+    engine woken, evicted or why it started cold, the engine left parked."""
+    standby = report.get("standby") or {}
+    if not standby or standby.get("mode") in (None, "off") and not report.get("parked"):
+        return []
+    lines = []
+    previous = report.get("from")
+    if standby.get("path") == "wake":
+        lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}" + (f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""))
+    elif standby.get("previous") == "park":
+        lines.append(f"{'would park' if planned else 'parked'} {previous} (its weights to host memory, its process kept)"
+                     + (f" in {report['park_s']:g} s" if report.get("park_s") is not None else ""))
+    elif standby.get("reason") and previous not in (None, "none", report.get("to")):
+        lines.append(f"{'would stop' if planned else 'stopped'} {previous}, not parked: {standby['reason']}")
+    if standby.get("evicted"):
+        lines.append(f"{'would evict' if planned else 'evicted'} the parked engine (torn down with the others)")
+    if standby.get("cold_reason"):
+        lines.append(f"{report.get('to')} {'would start' if planned else 'started'} cold: {standby['cold_reason']}")
+    parked = report.get("parked")
+    if parked and not planned:
+        left = parked.get("leftover_mib") or {}
+        lines.append(f"parked: {parked.get('engine')} ({parked.get('model')}), {_gib(parked.get('host_memory_bytes') or 0)} of host memory, "
+                     f"{max(left.values()) if left else 0} MiB kept on each of {len(left)} GPU(s)")
+    return lines
+
+
 def _gpu_holders(found) -> dict | None:
     """The GPU holders the preflight found outside the engine units: other users' (foreign) and the engines' own."""
     if not found:
@@ -708,6 +735,7 @@ def switch_table(document: dict) -> str:
                            + ("" if prewarm.get("finished") else " (stopped at its time limit)"))
         elif prewarm and prewarm.get("skipped_reason") and not plan:
             details.append(f"{host}: prewarm skipped: {prewarm['skipped_reason']}")
+        details += [f"{host}: {line}" for line in standby_lines(report, bool(plan))]
         for process in report.get("killed") or []:
             details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
     headers = ["host", "from", "to", "result", "downtime s", "engine start s", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]
