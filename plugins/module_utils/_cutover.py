@@ -269,7 +269,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
                     "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "parked": None}
+                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None}
     if not prepare(request, ops, phases, result):
         phases.enter("end")
         result["marks"] = phases.marks

@@ -300,6 +300,6 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     active = [unit for unit in request.units if unit != kept and systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     standby = "would park " + request.previous.unit if request.park_previous else "would wake " + request.target.unit if request.wake else None
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[], standby=standby,
-                park=None, wake=None, parked=None,
+                park=None, wake=None,
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
                 boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None)

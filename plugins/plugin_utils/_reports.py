@@ -391,8 +391,8 @@ def _standby(record: dict, result: str) -> dict:
     return {
         "standby": {"mode": decided.get("mode") or "off", "previous": previous, "reason": park.get("reason") or decided.get("reason"),
                     "path": decided.get("path"), "cold_reason": decided.get("cold_reason"), "evicted": bool(decided.get("evict"))} if decided else None,
-        "park_s": park.get("seconds") if park.get("parked") else None,
-        "wake_s": wake.get("wake_s"),
+        "park_s": round(float(park["seconds"]), 2) if park.get("parked") and park.get("seconds") is not None else None,
+        "wake_s": round(float(wake["wake_s"]), 2) if wake.get("wake_s") is not None else None,
         "parked": {key: parked.get(key) for key in ("engine", "unit", "model", "host_memory_bytes", "leftover_mib", "park_s", "parked_at")}
         if parked else None,
     }

@@ -48,7 +48,10 @@ def cutover_record(result: dict) -> dict:
         record["reason"] = result.get("reason")
     if outcome == "rollback_failed":
         record["rollback_error"] = result.get("rollback_error")
+    # the engine left parked, where the cutover wrote or removed its record (absent: the record it read stands)
+    parked = {"parked": result["parked"]} if "parked" in result else {}
     return {
+        **parked,
         "marks": marks,
         "outcome": record,
         "teardown": teardown_host_report(result["teardown"]) if result.get("teardown") else None,
@@ -59,7 +62,6 @@ def cutover_record(result: dict) -> dict:
         "cutover_result": outcome,
         "park": result.get("park"),
         "wake": result.get("wake"),
-        "parked": result.get("parked"),
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
         "lease_released": bool(result.get("lease_released")),

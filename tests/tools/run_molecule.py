@@ -33,6 +33,7 @@ EXPECTED_SECONDS = {"switch_faults": 580, "switch_engine": 465, "switch_traffic"
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
 # teardown_units' cases are each about one node's units; real_vllm runs vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
+               "switch_park": ["--nodes", "1"],
                "real_vllm": ["--nodes", "1", "--real-vllm"]}
 DEFAULT_SECONDS = 120
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
