@@ -407,7 +407,8 @@ def standby_lines(report: dict, planned: bool) -> list[str]:
     lines = []
     previous = report.get("from")
     if standby.get("path") == "wake":
-        lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}" + (f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""))
+        took = f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""
+        lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}{took}")
     elif standby.get("previous") == "park":
         lines.append(f"{'would park' if planned else 'parked'} {previous} (its weights to host memory, its process kept)"
                      + (f" in {report['park_s']:g} s" if report.get("park_s") is not None else ""))
