@@ -144,7 +144,7 @@ def host_memory(meminfo: str = "/proc/meminfo") -> dict:
     try:
         with open(meminfo, encoding="ascii") as handle:
             for line in handle:
-                name, _, rest = line.partition(":")
+                name, rest = line.split(":", 1) if ":" in line else (line, "")
                 if name in ("MemAvailable", "MemTotal"):
                     values[name] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):

@@ -109,8 +109,8 @@ def main() -> None:
         engines = [observe.EngineProbe.from_params(index, params) for index, params in enumerate(module.params["engines"])]
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
-            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None, parked=None,
-                         host={}, sizes={})
+            module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None,
+                             parked=None, host={}, sizes={})
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])

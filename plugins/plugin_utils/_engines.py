@@ -302,10 +302,10 @@ def standby(read: _Reader) -> bool:
     host = read.text("host") or "127.0.0.1"
     if read.engine == "vllm" and not is_loopback(host):
         read.fail("standby", f"vLLM's sleep routes are not guarded by its API key and vllm_host {host} is not a loopback "
-                              "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
+                             "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
     if read.engine == "sglang" and not is_loopback(host) and not read.config.get("api_key"):
         read.fail("standby", f"sglang_host {host} is not a loopback address and sglang_api_key is empty: its "
-                              "memory routes would be open to anyone who reaches the port")
+                             "memory routes would be open to anyone who reaches the port")
     return True
 
 
