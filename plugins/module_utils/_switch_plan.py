@@ -200,6 +200,7 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
     """What becomes of the previous engine and of a parked one: the previous engine parked or stopped (and why), the
     parked engine woken (the target is it, unchanged) or evicted (torn down as any engine), the path the target comes
     up by (wake or cold), and a refusal before anything is drained (required, and the previous engine cannot park)."""
+    park.check_mode(settings.park_previous)
     parked = node.parked or {}
     live = parked if parked.get("alive") else None
     wake = bool(live and live.get("engine") == settings.target and not any(would_change.values()))

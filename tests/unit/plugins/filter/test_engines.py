@@ -367,3 +367,28 @@ def test_a_bad_engine_variable_is_one_short_line_naming_it(variables, expected):
 def test_variables_in_their_documented_forms_pass():
     from ansible_collections.gpufleet.serving.plugins.filter.arguments import role_argument_errors
     assert role_argument_errors("sglang", {"sglang_tensor_parallel_size": "8", "sglang_speculative": {"draft_model": "d"}}, "facts") == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_engine_started_to_park_renders_its_standby_flags_parsed_by_the_real_options(engine):
+    facts = engines.engine_facts(config(engine, standby=True), engine)
+    parsed = parse_rendered(engine, facts)
+    if engine == "vllm":
+        assert parsed.enable_sleep_mode and 'VLLM_SERVER_DEV_MODE=1' in " ".join(facts["environment_lines"])
+    else:
+        assert parsed.enable_memory_saver and parsed.enable_weights_cpu_backup, "without the CPU backup a release discards the weights"
+    assert facts["standby"]
+    plain = engines.engine_facts(config(engine), engine)
+    assert not plain["standby"] and "VLLM_SERVER_DEV_MODE" not in " ".join(plain["environment_lines"])
+    assert not {"--enable-sleep-mode", "--enable-memory-saver"} & set(plain["argv"])
+
+
+def test_standby_never_opens_the_park_routes_beyond_loopback():
+    # vLLM's API key guards /v1 only: its sleep routes would be open whatever the key
+    with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: vLLM's sleep routes are not guarded by its API key and vllm_host 0.0.0.0"):
+        engines.engine_facts(config("vllm", standby=True, host="0.0.0.0", api_key="sk-key"), "vllm")
+    with pytest.raises(engines.EngineArgsError, match="^sglang_memory_saver: sglang_host 0.0.0.0 is not a loopback address and sglang_api_key"):
+        engines.engine_facts(config("sglang", standby=True, host="0.0.0.0", allow_unauthenticated=True), "sglang")
+    assert engines.engine_facts(config("sglang", standby=True, host="0.0.0.0", api_key="sk-key"), "sglang")["standby"]
+    with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: give true or false, got 'sometimes'"):
+        engines.engine_facts(config("vllm", standby="sometimes"), "vllm")

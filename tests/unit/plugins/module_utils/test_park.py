@@ -1,0 +1,217 @@
+"""Parking the previous engine: what an engine can do from the command its unit runs, the room checks and their
+figures, the node's record of its parked engine, the planner's decision, and the cutover's park, wake and rollback
+paths over the recording NodeOps of test_cutover."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cutover import SGLANG, UNITS, VLLM, Clock, Node
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
+from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
+from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, Error, InvalidInput
+
+VLLM_SLEEPS = ["/opt/vllm/bin/vllm", "serve", "/models/m", "--enable-sleep-mode"]
+SGLANG_SAVES = ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--enable-memory-saver", "--enable-weights-cpu-backup"]
+
+
+@pytest.mark.parametrize(("engine", "argv", "version", "why"), [
+    ("vllm", VLLM_SLEEPS, "0.33.0", None),
+    ("vllm", VLLM_SLEEPS, "0.32.0+cpu", "vLLM 0.32.0+cpu is a CPU build: it has no sleep mode"),
+    ("vllm", VLLM_SLEEPS[:3], "0.33.0", "vllm runs without --enable-sleep-mode"),
+    ("sglang", SGLANG_SAVES, "0.5.23", None),
+    ("sglang", SGLANG_SAVES[:4], "0.5.23", "sglang runs without --enable-weights-cpu-backup (without the CPU backup its weights are discarded"),
+    ("sglang", SGLANG_SAVES[:3], None, "sglang runs without --enable-memory-saver and --enable-weights-cpu-backup"),
+])
+def test_an_engine_parks_only_as_its_unit_started_it(engine, argv, version, why):
+    answer = park.why_not_parkable(engine, argv, version)
+    assert (answer is None) if why is None else answer.startswith(why)
+
+
+def test_the_room_checks_give_their_figures():
+    assert park.host_room(100 * 2**30, 60 * 2**30, 2048) is None
+    assert park.host_room(60 * 2**30, 60 * 2**30, 2048) == "host memory: 60.0 GiB of weights + 2048 MiB margin > 60.0 GiB available"
+    assert park.host_room(60 * 2**30, None, 2048).startswith("the parked engine's weights could not be sized")
+    gpus = [{"index": 0, "total_mib": 100000}, {"index": 1, "total_mib": 100000}]
+    assert park.gpu_room(gpus, {"0": 5000, "1": 15000}, 0.9) == [
+        "GPU 1: the target's 0.9 x 100000 MiB + 15000 MiB kept by the parked engine > 100000 MiB"]
+    assert park.gpu_room(gpus, {0: 5000}, None) == [], "no fraction given: the engine's own check decides"
+
+
+def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
+    path = tmp_path / "parked.json"
+    assert park.read_record(str(path)) is None
+    path.write_text("{not json")
+    assert park.read_record(str(path)) is None, "an unreadable record parks nothing"
+    record = {"engine": "vllm", "unit": "vllm.service", "invocation_id": "abc"}
+    path.write_text(json.dumps(record))
+    assert park.read_record(str(path)) == record
+    assert park.alive(record, {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
+    assert park.alive(record, {"ActiveState": "active", "InvocationID": "def"}) == (
+        False, "the parked vllm was restarted since it parked (vllm.service has another invocation)")
+    assert park.alive(record, {"ActiveState": "failed"}) == (False, "the parked vllm died (vllm.service is failed)")
+    assert park.remove_record(str(path)) and not path.exists()
+
+
+def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, **settings):
+    engines = {"vllm": {"model_path": "/models/v", "ready_timeout": 60}, "sglang": {"model_path": "/models/s", "ready_timeout": 60}}
+    found = switch_plan.Found(engines=engines, found=[previous] if previous != "none" else [], serving=[previous], previous=previous,
+                              files=files or {}, parked=parked, previous_argv=argv, previous_version=version,
+                              host={"available_bytes": available}, sizes={"/models/v": 60 * 2**30, "/models/s": 60 * 2**30})
+    return switch_plan.plan(switch_plan.Settings(target=settings.pop("target", "sglang"), park_previous=mode, **settings), found)
+
+
+def test_the_planner_parks_where_the_engine_and_the_host_allow_and_says_why_not_elsewhere():
+    assert plan("off")["park"]["previous"] == "stop"
+    assert plan()["park"] | {} == {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "parked_unit": None,
+                                   "path": "cold", "cold_reason": None, "refused": None}
+    cpu = plan(version="0.32.0+cpu")["park"]
+    assert cpu["previous"] == "stop" and cpu["reason"] == "vLLM 0.32.0+cpu is a CPU build: it has no sleep mode" and cpu["refused"] is None
+    small = plan(available=40 * 2**30)["park"]
+    assert small["previous"] == "stop" and small["reason"].startswith("host memory: 60.0 GiB of weights")
+    refused = plan("required", version="0.32.0+cpu")["park"]
+    assert refused["refused"] == ("switch_engine_park_previous is required and vllm cannot be parked: "
+                                  "vLLM 0.32.0+cpu is a CPU build: it has no sleep mode")
+    assert plan("required", previous="none")["park"]["refused"] is None, "nothing serves: nothing to park, nothing refused"
+    assert plan("required", target="vllm")["park"]["previous"] == "stop", "an engine switched in place is replaced, not parked"
+    with pytest.raises(InvalidInput, match="switch_engine_park_previous: 'sometimes' is not one of off, auto, required"):
+        plan("sometimes")
+
+
+def test_the_planner_wakes_the_parked_target_evicts_a_changed_one_and_starts_cold_after_a_death():
+    parked_vllm = {"engine": "vllm", "unit": "vllm.service", "alive": True}
+    wake = plan(previous="sglang", parked=parked_vllm, target="vllm", argv=SGLANG_SAVES)
+    assert wake["park"]["wake"] and wake["park"]["path"] == "wake" and wake["park"]["previous"] == "stop", "switching back stops the other"
+    assert "port" not in wake["preflight_checks"] and "gpus" not in wake["preflight_checks"], "the parked target holds its own port and GPUs"
+    changed = plan(previous="sglang", parked=parked_vllm, target="vllm", argv=SGLANG_SAVES, files={"unit": ["--max-model-len"]})["park"]
+    assert changed["evict"] and not changed["wake"] and changed["cold_reason"].startswith("the parked vllm is not what was asked")
+    other = plan(previous="sglang", parked={"engine": "sglang", "unit": "sglang.service", "alive": True}, target="vllm", argv=SGLANG_SAVES)["park"]
+    assert other["evict"], "at most one engine parked per node"
+    dead = plan(previous="sglang", parked=dict(parked_vllm, alive=False, reason="the parked vllm died (vllm.service is failed)"),
+                target="vllm", argv=SGLANG_SAVES)["park"]
+    assert not dead["wake"] and not dead["evict"] and dead["cold_reason"] == "the parked vllm died (vllm.service is failed)"
+
+
+class ParkingNode(Node):
+    """Test_cutover's recording node, with the standby calls; `leftover` is what a park leaves per GPU."""
+
+    def __init__(self, clock, leftover=None, **options):
+        super().__init__(clock, **options)
+        self.leftover = leftover or {"0": 600}
+        self.records = []
+        self.costs.update(park=0.4, wake=0.3)
+
+    def decide(self, units, kept=()):
+        self._step("decide", tuple(units), tuple(kept))
+        return {}
+
+    def kill_holders(self, units, kept=()):
+        self._step("kill_holders", tuple(units), tuple(kept))
+        return {"killed": [], "terminated": [], "targets": [], "outside": [], "kept": [{"pid": 77, "unit": unit} for unit in kept]}
+
+    def park(self, engine, timeout):
+        self._step("park", engine.unit)
+        return {"seconds": 0.4, "at": 1.0, "invocation_id": "inv-1", "leftover_mib": self.leftover,
+                "gpus": [{"index": 0, "total_mib": 100000}], "host_memory_bytes": 60 * 2**30}
+
+    def wake(self, engine, timeout):
+        self._step("wake", engine.unit)
+        return {"call_s": 0.3}
+
+    def record_parked(self, record):
+        self.records.append(record)
+
+
+def run(node, clock, target=SGLANG, previous=VLLM, **options):
+    request = cutover.CutoverRequest(units=UNITS, target=target, previous=previous, drain_timeout=120, stop_grace=5, stop_timeout=90, **options)
+    return cutover.cutover(request, node, clock, wall_now=1_700_000_000.0)
+
+
+def names(node):
+    return [call[0] for call in node.calls]
+
+
+def test_a_park_keeps_the_previous_engine_through_the_teardown_and_records_it():
+    clock = Clock()
+    node = ParkingNode(clock)
+    result = run(node, clock, park_previous=True, target_memory_fraction=0.9)
+    assert result["result"] == "switched"
+    assert names(node)[:6] == ["drain", "park", "memory", "stop_units", "kill_holders", "memory"]
+    assert ("stop_units", ("sglang.service",), 5) in node.calls, "the parked unit is not stopped"
+    assert ("kill_holders", ("sglang.service",), ("vllm.service",)) in node.calls, "its processes are kept"
+    assert ("memory", True, (77,)) in node.calls, "its memory is not counted by the assertion"
+    assert ("park", 0.4) == (names(node)[1], result["park"]["seconds"])
+    assert [mark[0] for mark in result["marks"]][:3] == ["drain", "park", "teardown"]
+    assert node.records == [result["parked"]] and result["parked"]["unit"] == "vllm.service" and result["parked"]["invocation_id"] == "inv-1"
+
+
+def test_a_park_that_leaves_the_target_too_little_wakes_the_previous_engine_again():
+    clock = Clock()
+    node = ParkingNode(clock, leftover={"0": 20000})
+    result = run(node, clock, park_previous=True, target_memory_fraction=0.9)
+    assert result["result"] == "rolled_back"
+    assert result["reason"] == "park: GPU 0: the target's 0.9 x 100000 MiB + 20000 MiB kept by the parked engine > 100000 MiB"
+    assert "start" not in names(node) and names(node)[-2:] == ["wake", "wait_ready"], "woken, never started cold"
+    assert node.records == [None], "nothing stays parked"
+
+
+def test_a_target_that_fails_after_a_park_is_rolled_back_by_waking_the_parked_engine():
+    clock = Clock()
+    node = ParkingNode(clock, failures={("wait_ready", "sglang.service"): CheckFailed("no answer")})
+    result = run(node, clock, park_previous=True)
+    assert result["result"] == "rolled_back"
+    assert ("start", "vllm.service") not in node.calls and ("wake", "vllm.service") in node.calls
+    rollback_stops = [call for call in node.calls if call[0] == "stop_units"][-1]
+    assert rollback_stops == ("stop_units", ("sglang.service",), 5), "the rollback's teardown keeps the parked engine too"
+
+
+def test_a_park_call_that_fails_stops_the_engine_as_without_a_park():
+    clock = Clock()
+    node = ParkingNode(clock, failures={"park": Error("vllm POST /sleep?level=1: HTTP 404 {\"detail\":\"Not Found\"}")})
+    result = run(node, clock, park_previous=True)
+    assert result["result"] == "switched" and result["park"]["parked"] is False
+    assert result["park"]["reason"].startswith("the park failed, stopped instead: vllm POST /sleep?level=1: HTTP 404")
+    assert ("stop_units", tuple(UNITS), 5) in node.calls and node.records == [None]
+
+
+def test_a_wake_replaces_the_start_and_a_failed_wake_rolls_back_to_a_cold_start():
+    clock = Clock()
+    node = ParkingNode(clock)
+    result = run(node, clock, target=VLLM, previous=SGLANG, wake=True)
+    assert result["result"] == "switched" and ("start", "vllm.service") not in node.calls
+    assert ("stop_units", ("sglang.service",), 5) in node.calls and ("wake", "vllm.service") in node.calls
+    assert result["wake"]["wake_s"] == result["engine_start_s"] and node.records == [None], "woken: nothing parked any more"
+    clock = Clock()
+    node = ParkingNode(clock, failures={"wake": Error("vllm POST /wake_up: HTTP 500")})
+    result = run(node, clock, target=VLLM, previous=SGLANG, wake=True)
+    assert result["result"] == "rolled_back" and ("start", "sglang.service") in node.calls
+    assert ("stop_units", tuple(UNITS), 5) in node.calls, "the rollback tears the failed wake down with the rest"
+
+
+def test_a_park_request_is_checked():
+    with pytest.raises(InvalidInput, match="park_previous: there is no previous engine to park"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=None, park_previous=True)
+    with pytest.raises(InvalidInput, match="at most one engine is parked on a node"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, park_previous=True, wake=True)
+
+
+def test_a_parked_engines_processes_are_kept_never_signalled_nor_foreign():
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders as holders
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+
+    request = holders_kill.KillRequest(gpus=None, device_paths=["/dev/nvidia*"], sources=["proc"], protected=[], protected_pids=[],
+                                       term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False, nvml_timeout=1, lock_timeout=1,
+                                       units=("sglang.service",), outside_units="fail", owner_uids=frozenset({998}),
+                                       kept_units=("vllm.service",))
+    parked = {"pid": 10, "uid": 997, "unit": "vllm.service"}
+    target = {"pid": 11, "uid": 998, "unit": "sglang.service"}
+    alice = {"pid": 12, "uid": 1000, "unit": "session-3.scope"}
+    plan = holders.KillPlan(holders=[parked, target, alice], targets=[parked, target, alice])
+    holders_kill.place_holders(plan, request, lambda _unit: ("", 0))
+    assert [holder["pid"] for holder in plan.kept] == [10] and plan.kept[0]["placement"] == "kept_unit"
+    assert [holder["pid"] for holder in plan.targets] == [11, 12]
+    assert [holder["pid"] for holder in plan.outside] == [12], "a foreign job beside a parked engine is still refused"
+    assert holders_kill.refusal(plan, request).startswith("1 process(es) hold the GPUs outside the units being stopped")
