@@ -222,11 +222,9 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
     # a parked engine's processes hold the GPUs on purpose: kept, whoever else is signalled
     plan.kept = [target for target in plan.targets if target.get("unit") in request.kept_units]
     plan.targets = [target for target in plan.targets if target.get("unit") not in request.kept_units]
-    for holder in plan.kept:
-        holder["placement"] = "kept_unit"
     policies: dict[str, tuple[str, int]] = {}
-    for holder in plan.holders + plan.targets + plan.protected + plan.ambiguous:
-        holder["placement"] = placement(holder, request.units)
+    for holder in plan.holders + plan.targets + plan.protected + plan.ambiguous + plan.kept:
+        holder["placement"] = "kept_unit" if holder.get("unit") in request.kept_units else placement(holder, request.units)
         if holder["placement"] == "other_service":
             unit = holder["unit"]
             if unit not in policies:
@@ -235,7 +233,7 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
             holder["restart"] = restart or "no"
             holder["main_process"] = holder["pid"] == main_pid
         # the engines' own wherever they run (an escaped worker); anyone else's outside the units is foreign
-        holder["foreign"] = holder["placement"] != "listed_unit" and holder.get("uid") not in request.owner_uids
+        holder["foreign"] = holder["placement"] not in ("listed_unit", "kept_unit") and holder.get("uid") not in request.owner_uids
     plan.foreign = [target for target in plan.targets if target["foreign"]]
     # a holder systemd would start again is never killed alone, whoever runs it
     restarting = [target for target in plan.targets if target["placement"] == "other_service" and target.get("main_process")

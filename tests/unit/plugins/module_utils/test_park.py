@@ -143,7 +143,7 @@ def test_a_park_keeps_the_previous_engine_through_the_teardown_and_records_it():
     assert ("stop_units", ("sglang.service",), 5) in node.calls, "the parked unit is not stopped"
     assert ("kill_holders", ("sglang.service",), ("vllm.service",)) in node.calls, "its processes are kept"
     assert ("memory", True, (77,)) in node.calls, "its memory is not counted by the assertion"
-    assert ("park", 0.4) == (names(node)[1], result["park"]["seconds"])
+    assert (names(node)[1], result["park"]["seconds"]) == ("park", 0.4)
     assert [mark[0] for mark in result["marks"]][:3] == ["drain", "park", "teardown"]
     assert node.records == [result["parked"]] and result["parked"]["unit"] == "vllm.service" and result["parked"]["invocation_id"] == "inv-1"
 
