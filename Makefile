@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files model_stage report_files job_wait node_teardown
 
-.PHONY: help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: bench-park help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -56,6 +56,10 @@ bench:
 # A fleet of NODES lab nodes (root, podman; about 2.3 GiB of memory per 100 nodes): each playbook's controller CPU and
 # memory per node at 1, 10, 50 and NODES nodes, forks 5/25/100, pipelining off, Mitogen's strategy (docs/benchmarks.md)
 # (make bench-fleet NODES=200; 100 by default - NODES alone is the demo lab's size)
+# Switching back to a parked engine against a cold start, side by side on one lab node (about 3 minutes).
+bench-park:
+	$(BIN)/python tests/bench/bench_park.py > docs/results/park_switch_back.json
+
 bench-fleet:
 	$(BIN)/python tests/bench/bench_fleet.py --nodes 1,10,50,$(if $(filter command line environment,$(origin NODES)),$(NODES),100)
 

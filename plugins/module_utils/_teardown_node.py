@@ -11,6 +11,7 @@ back. One round trip per node instead of seven. The steps are _cutover.teardown'
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
@@ -68,12 +69,14 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
             failure = dict(exc.context, failed=True, msg=exc.msg)
             return {"changed": False, "result": "lease_held", "msg": exc.msg, "holder": exc.context.get("holder"),
                     "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": STEP_NAMES["lease"], "failure": failure}}
+    kept = kept_units(params, node)
     try:
         only = ("before",) * params["measure_before"] + tuple(
             step for name, step in (("units", "units"), ("holders", "holders"), ("memory", "after"))
             if name in params["steps"] and (name != "units" or request.units))
-        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only, kept=kept_units(params, node))
+        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only, kept=kept)
         result = {"result": "done", "msg": None}
+        forget_evicted(params, request, kept)
     except cutover.TeardownFailed as exc:
         steps = exc.context["steps"]
         result = {"result": "failed", "msg": exc.msg}
@@ -86,6 +89,15 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
         (steps.get("holders") or {}).get("changed"))
     return dict(result, changed=changed, steps=steps)
+
+
+def forget_evicted(params: dict, request: Units, kept: tuple[str, ...]) -> None:
+    """A parked engine this teardown stopped is parked no more: its record goes (a switch would read it as died)."""
+    path = params.get("parked_path") or park.RECORD_PATH
+    record = park.read_record(path)
+    if record and record["unit"] in request.units and record["unit"] not in kept and "units" in params["steps"]:
+        with contextlib.suppress(OSError):  # the next run reads the unit as stopped all the same
+            park.remove_record(path)
 
 
 def kept_units(params: dict, node) -> tuple[str, ...]:

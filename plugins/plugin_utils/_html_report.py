@@ -311,15 +311,32 @@ def _host_rows(document: dict) -> str:
             reason += f" ROLLBACK FAILED, NO ENGINE IS SERVING: {report['rollback_error']}"
         if switch:
             downtime = "-" if report.get("downtime_s") is None else f'{report["downtime_s"]:.1f}'
+            start = report.get("wake_s") if report.get("wake_s") is not None else report.get("engine_start_s")
+            start_cell = "-" if start is None else f'{start:.1f}' + (" (wake)" if report.get("wake_s") is not None else "")
             rows.append([name, cell, f'{_reports.engine_label(report, "from")} -> {_reports.engine_label(report, "to")}', f'<td class="num">{downtime}</td>',
-                         report.get("failed_phase") or "", reason, f"<td>{folded}</td>"])
+                         f'<td class="num">{_e(start_cell)}</td>', _parked_cell(report), report.get("failed_phase") or "", reason,
+                         f"<td>{folded}</td>"])
         else:
             stopped = ", ".join(unit.get("unit") for unit in report.get("units") or [] if unit.get("changed"))
             rows.append([name, cell, stopped or "-", reason, f"<td>{folded}</td>"])
-    headers = (["node", "result", "engine", "downtime s", "failed phase", "reason", "processes"] if switch
+    headers = (["node", "result", "engine", "downtime s", "engine start s", "parked", "failed phase", "reason", "processes"] if switch
                else ["node", "result", "units stopped", "reason", "processes"])
     table = _table(headers, rows)
     return table if len(rows) <= 40 else f"<details><summary>every node ({len(rows)})</summary>{table}</details>"
+
+
+def _parked_cell(report: dict) -> str:
+    """The engine parked on the node: engine and model, its host memory, what it keeps on the GPUs (or the park that
+    this run did not make, and why)."""
+    parked = report.get("parked")
+    if parked:
+        left = parked.get("leftover_mib") or {}
+        return (f'{parked.get("engine")} ({parked.get("model")}), {(parked.get("host_memory_bytes") or 0) / 2**30:.1f} GiB host, '
+                f'{max(left.values()) if left else 0} MiB x {len(left)} GPU(s)')
+    standby = report.get("standby") or {}
+    if standby.get("mode") not in (None, "off") and standby.get("reason"):
+        return f'none (not parked: {standby["reason"]})'
+    return "-"
 
 
 def page(document: dict) -> str:
