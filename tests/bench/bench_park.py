@@ -78,8 +78,8 @@ def main() -> None:
         if not keep:
             with contextlib.redirect_stdout(sys.stderr):
                 lab.down()
-    summary = {mode: {key: median([run[key] for run in runs[mode]]) for key in ("forward_downtime_s", "park_s", "back_downtime_s",
-                                                                               "back_engine_start_s")} for mode in runs}
+    keys = ("forward_downtime_s", "park_s", "back_downtime_s", "back_engine_start_s")
+    summary = {mode: {key: median([run[key] for run in runs[mode]]) for key in keys} for mode in runs}
     parked, cold = summary["parked"]["back_downtime_s"], summary["cold"]["back_downtime_s"]
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "load_seconds": load_seconds, "repetitions": REPETITIONS, "runs": runs,
                       "medians": summary, "switch_back_cold_over_parked": round(cold / parked, 1) if parked and cold else None},

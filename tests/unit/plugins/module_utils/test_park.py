@@ -14,8 +14,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _park as p
 from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, Error, InvalidInput
 
-VLLM_SLEEPS = ["/opt/vllm/bin/vllm", "serve", "/models/m", "--enable-sleep-mode"]
-SGLANG_SAVES = ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--enable-memory-saver", "--enable-weights-cpu-backup"]
+VLLM_SLEEPS = ("/opt/vllm/bin/vllm", "serve", "/models/m", "--enable-sleep-mode")
+SGLANG_SAVES = ("/opt/sglang/bin/python", "-m", "sglang.launch_server", "--enable-memory-saver", "--enable-weights-cpu-backup")
 
 
 @pytest.mark.parametrize(("engine", "argv", "version", "why"), [
@@ -59,7 +59,7 @@ def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
 def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, **settings):
     engines = {"vllm": {"model_path": "/models/v", "ready_timeout": 60}, "sglang": {"model_path": "/models/s", "ready_timeout": 60}}
     found = switch_plan.Found(engines=engines, found=[previous] if previous != "none" else [], serving=[previous], previous=previous,
-                              files=files or {}, parked=parked, previous_argv=argv, previous_version=version,
+                              files=files or {}, parked=parked, previous_argv=list(argv), previous_version=version,
                               host={"available_bytes": available}, sizes={"/models/v": 60 * 2**30, "/models/s": 60 * 2**30})
     return switch_plan.plan(switch_plan.Settings(target=settings.pop("target", "sglang"), park_previous=mode, **settings), found)
 
