@@ -256,3 +256,58 @@ def test_the_readme_is_short_and_gives_the_installed_collections_commands():
     commands = re.findall(r"(?m)^ansible-playbook -i inventory\.ini (\S+)", text)
     assert commands and all(name in ("gpufleet.serving.switch_engine", "gpufleet.serving.gpu_cleanup") for name in commands), commands
     assert "`playbooks/switch_engine.yml`" in text, "the developer's path form is named"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_doubles_park_and_wake_through_the_engines_routes_and_move_their_gpu_memory(engine, tmp_path, monkeypatch):
+    """The standby routes answer as tests/sim/engines/standby-http.json says the real ones do; parked, every worker's
+    simulated GPU memory drops to its context and completions are refused; woken, it is back and the double serves."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    import engine_cli
+    import engine_double
+    import nvml_sim
+
+    spec = json.loads((REPO / "tests" / "sim" / "engines" / "standby-http.json").read_text())[engine]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    argv = (["/m", "--enable-sleep-mode", "--port", str(port)] if engine == "vllm"
+            else ["--model-path", "/m", "--enable-memory-saver", "--enable-weights-cpu-backup", "--port", str(port)])
+    server = engine_double.Server(engine_double.Settings(engine, engine_cli.parse(engine, argv)), {"park_seconds": 0, "wake_seconds": 0})
+    (tmp_path / "alloc").mkdir()
+    allocations = [nvml_sim.allocate(tmp_path, gpu, 70000, [os.getpid()]) for gpu in (0, 1)]
+    server.allocations = [(path, 70000) for path in allocations]
+    server.serve()
+
+    def call(route: str):
+        method, path = route.split(" ", 1)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"{}" if method == "POST" else None, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                body = reply.read().decode()
+                return reply.status, json.loads(body) if body else ""
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read().decode() or "null")
+
+    def mib() -> list[str]:
+        return [word for path in allocations for word in path.read_text().split() if word.startswith("mib=")]
+
+    park, wake = ((("POST /sleep?level=1", "POST /wake_up")) if engine == "vllm"
+                  else ("POST /release_memory_occupation", "POST /resume_memory_occupation"))
+    assert call(park) == (spec[park]["status"], spec[park]["body"])
+    assert mib() == ["mib=600", "mib=600"], "parked: each worker keeps its context"
+    assert server.backup is not None and call("POST /v1/completions")[0] == 503
+    if engine == "vllm":
+        assert call("GET /is_sleeping") == (200, {"is_sleeping": True})
+    assert call(wake) == (spec[wake]["status"], spec[wake]["body"])
+    assert mib() == ["mib=70000", "mib=70000"] and call("POST /v1/completions")[0] == 200
+    if engine == "vllm":
+        assert call("GET /is_sleeping") == (200, {"is_sleeping": False})
+        monkeypatch.delenv("VLLM_SERVER_DEV_MODE")
+        plain = engine_double.Settings(engine, engine_cli.parse(engine, argv))
+        assert not plain.can_park, "the sleep routes exist only in development mode"
