@@ -26,6 +26,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_k
 from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
+from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
@@ -236,6 +237,31 @@ def finish(result: dict, params: dict, store: lease.LeaseStore, request: cutover
         except OSError as exc:  # the engine serves (or the rollback's does): the record is for the next run's report
             result["record_error"] = f"{params['record_path']}: {exc.strerror or exc}"
     result["lease_released"] = bool(params["release_lease"] and params["lease_owner"] and store.release(params["lease_owner"]))
+    result["metrics_warnings"] = publish_metrics(params, request, result, store)
+
+
+def engines_after(request: cutover.CutoverRequest, result: dict, versions: dict) -> list[dict]:
+    """The engines a cutover left on the node, as the metrics label them: the one serving, the one parked, the others none."""
+    serving = {"switched": request.target, "rolled_back": request.previous}.get(result["result"])
+    parked = result.get("parked") or {}
+    found = []
+    for engine in [request.target] + ([request.previous] if request.previous and request.previous.engine != request.target.engine else []):
+        state = "serving" if serving is engine else "parked" if parked.get("engine") == engine.engine else "none"
+        found.append({"engine": engine.engine, "version": versions.get(engine.engine) or "", "model": engine.model, "state": state})
+    return found
+
+
+def publish_metrics(params: dict, request: cutover.CutoverRequest, result: dict, store: lease.LeaseStore) -> list[str]:
+    """The node's metrics after this cutover (never in check mode; never a failure: warnings)."""
+    if params.get("metrics_dir") is None:
+        return []
+    state = metrics.load_state(params["metrics_state_path"])
+    metrics.record_switch(state, result, engines_after(request, result, params.get("metrics_versions") or {}), time.time())
+    parked = result.get("parked")  # a parked engine the cutover did not touch: none (the switch wakes or evicts one)
+    state["parked"] = ({"engine": parked["engine"], "host_memory_bytes": parked.get("host_memory_bytes"), "since": parked.get("parked_at")}
+                       if parked else None)
+    state["lease"] = metrics.lease_state(store.held())
+    return metrics.publish(state, params["metrics_dir"], params["metrics_state_path"])
 
 
 def validated(name: str, value: dict, options: dict) -> dict:

@@ -102,6 +102,10 @@ class LeaseStore:
         now = self.clock()
         return {"owner": record["owner"], "age": now - record["acquired"], "expires_in": record["expires"] - now}
 
+    def held(self) -> dict:
+        """Who holds the lease now: owner (None when none), age and expires_in in seconds."""
+        return self._view(self._read())
+
     def _expired(self, record: dict) -> bool:
         return bool(record.get("unreadable")) or record.get("boot_id") != boot_id() or record["expires"] <= self.clock()
 

@@ -12,10 +12,12 @@ back. One round trip per node instead of seven. The steps are _cutover.teardown'
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
@@ -88,7 +90,26 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
         steps["failed_step"] = STEP_NAMES.get(steps["failed_step"], steps["failed_step"])
     changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
         (steps.get("holders") or {}).get("changed"))
-    return dict(result, changed=changed, steps=steps)
+    outcome = dict(result, changed=changed, steps=steps)
+    outcome["metrics_warnings"] = steps["metrics_warnings"] = publish_metrics(params, request, outcome, kept, store)
+    return outcome
+
+
+def publish_metrics(params: dict, request: Units, outcome: dict, kept: tuple[str, ...], store) -> list[str]:
+    """The node's metrics after this teardown (never in check mode; never a failure: warnings). The engines it stopped
+    serve no more; one it kept stays parked."""
+    if params.get("metrics_dir") is None:
+        return []
+    state = metrics.load_state(params.get("metrics_state_path") or metrics.STATE_PATH)
+    engines = None
+    if outcome["result"] == "done" and "units" in params["steps"]:
+        parked = (state.get("parked") or {}).get("engine")
+        engines = [dict(engine, state="parked" if engine.get("engine") == parked and kept else "none") for engine in state.get("engines") or []]
+        if not kept:
+            state["parked"] = None
+    metrics.record_teardown(state, outcome, time.time(), engines)
+    state["lease"] = metrics.lease_state(store.held()) if store else state.get("lease")
+    return metrics.publish(state, params["metrics_dir"], params.get("metrics_state_path") or metrics.STATE_PATH)
 
 
 def forget_evicted(params: dict, request: Units, kept: tuple[str, ...]) -> None:

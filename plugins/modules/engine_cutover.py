@@ -12,6 +12,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
+from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
@@ -70,6 +71,9 @@ ARGUMENT_SPEC = dict(
     park_timeout=dict(type="float", default=120),
     target_memory_fraction=dict(type="float"),
     parked_path=dict(type="str", default=park.RECORD_PATH),
+    metrics_dir=dict(type="str"),
+    metrics_state_path=dict(type="str", default=metrics.STATE_PATH),
+    metrics_versions=dict(type="dict", default={}),
 )
 
 

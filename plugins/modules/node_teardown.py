@@ -30,6 +30,8 @@ ARGUMENT_SPEC = dict(
     kept_units=dict(type="list", elements="str", default=[]),
     keep_parked=dict(type="bool", default=False),
     parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
+    metrics_dir=dict(type="str"),
+    metrics_state_path=dict(type="str", default="/var/lib/gpufleet-serving/metrics.json"),
     owners=dict(type="list", elements="str", default=[]),
     steps=dict(type="list", elements="str", default=list(teardown_node.STEPS)),
     measure_before=dict(type="bool", default=True),

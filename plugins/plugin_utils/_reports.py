@@ -138,6 +138,8 @@ def teardown_host_report(steps: dict) -> dict:
         "outside": [process_summary(p) for p in (holders.get("outside") or []) + (holders.get("restarting") or [])],
         # other users' holders outside the units, apart from the engines' own, whatever was done with them
         "foreign": [process_summary(p) for p in holders.get("foreign") or []],
+        # the node's Prometheus metrics not (all) written: a warning, never a failure
+        "metrics_warnings": list(steps.get("metrics_warnings") or []),
         "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
         "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
         "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
@@ -373,6 +375,7 @@ def switch_host_report(record: dict) -> dict:
         "memory_before": list((record.get("teardown") or {}).get("memory_before") or []),
         "memory_after": list((next((t for t in reversed(teardowns) if t), None) or {}).get("memory_after") or []),
         **_standby(record, result),
+        "metrics_warnings": list(record.get("metrics_warnings") or []),
     }
 
 
@@ -462,7 +465,8 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "plan": None,
-            "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None}
+            "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
+            "metrics_warnings": []}
 
 
 # --- the run documents --------------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def cutover_record(result: dict) -> dict:
         "cutover_result": outcome,
         "park": result.get("park"),
         "wake": result.get("wake"),
+        "metrics_warnings": result.get("metrics_warnings") or [],
         "boot": result.get("boot"),
         "boot_error": result.get("boot_error"),
         "lease_released": bool(result.get("lease_released")),
