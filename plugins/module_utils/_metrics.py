@@ -58,6 +58,9 @@ METRICS = (
     ("lease_expiry_timestamp_seconds", "gauge", (), "When the node's switch lease expires (0 when none holds it)"),
 )
 SWITCH_RESULTS = ("switched", "rolled_back", "rollback_failed", "preflight_failed", "failed")
+# each counter's labels, written from the first run on (at 0), so that increase() sees the first of each
+BASELINE = {"signals": ("SIGTERM", "SIGCONT", "SIGKILL"),
+            "refusals": ("foreign_holders", "restarting_service", "too_many_targets", "preflight", "lease_held")}
 
 
 def empty_state() -> dict:
@@ -185,8 +188,9 @@ def collect(state: dict) -> list:
     counters = state.get("counters") or {}
     for result in SWITCH_RESULTS:
         family("switches_total").add_metric([result], float((counters.get("switches") or {}).get(result) or 0))
-    for counter in ("signals", "refusals"):
-        for label, value in sorted((counters.get(counter) or {}).items()):
+    for counter, known in BASELINE.items():
+        values = {**dict.fromkeys(known, 0), **(counters.get(counter) or {})}
+        for label, value in sorted(values.items()):
             family(f"{counter}_total").add_metric([label], float(value))
     family("foreign_holders_total").add_metric([], float(counters.get("foreign_holders") or 0))
     for gpu in state.get("gpus") or []:

@@ -409,17 +409,19 @@ def standby_lines(report: dict, planned: bool) -> list[str]:
         return []
     lines = []
     previous = report.get("from")
-    if standby.get("path") == "wake":
+    # refused or failed before the drain: nothing was parked, woken or evicted
+    acted = planned or report.get("result") in ("switched", "rolled_back", "rollback_failed")
+    if acted and standby.get("path") == "wake":
         took = f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""
         lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}{took}")
-    elif standby.get("previous") == "park":
+    elif acted and standby.get("previous") == "park" and (planned or report.get("park_s") is not None):
         lines.append(f"{'would park' if planned else 'parked'} {previous} (its weights to host memory, its process kept)"
                      + (f" in {report['park_s']:g} s" if report.get("park_s") is not None else ""))
-    elif standby.get("reason") and previous not in (None, "none", report.get("to")):
+    elif acted and standby.get("reason") and previous not in (None, "none", report.get("to")):
         lines.append(f"{'would stop' if planned else 'stopped'} {previous}, not parked: {standby['reason']}")
-    if standby.get("evicted"):
+    if standby.get("evicted") and acted:
         lines.append(f"{'would evict' if planned else 'evicted'} the parked engine (torn down with the others)")
-    if standby.get("cold_reason"):
+    if standby.get("cold_reason") and acted:
         lines.append(f"{report.get('to')} {'would start' if planned else 'started'} cold: {standby['cold_reason']}")
     parked = report.get("parked")
     if parked and not planned:

@@ -98,7 +98,8 @@ def observed(result: dict, names: list) -> dict:
     parked_engine = parked.get("engine") if parked.get("alive") else None
 
     def having(key: str) -> list:
-        return [name for name in names if engines[name].get(key) and name != parked_engine]
+        # a parked engine's unit is installed and enabled as any other; it is not found running nor serving
+        return [name for name in names if engines[name].get(key) and (name != parked_engine or key in ("installed", "enabled"))]
     return {"found": having("running"), "parked": parked or None, "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
             "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
             "versions": {name: dict(engines[name].get("versions") or {}) for name in names},

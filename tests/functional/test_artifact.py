@@ -25,7 +25,8 @@ ALLOWED = ["MANIFEST.json", "FILES.json", "README.md", "COPYING", "CHANGELOG.md"
            "docs/examples/*.html",
            "playbooks/*.yml", "playbooks/tasks/*.yml", "plugins/action/*.py", "plugins/doc_fragments/*.py", "plugins/filter/*.py", "plugins/module_utils/_*.py",
            "plugins/modules/*.py", "plugins/modules/*.yml", "plugins/plugin_utils/_*.py", "roles/*/defaults/main.yml", "roles/*/meta/*.yml",
-           "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md"]
+           "roles/*/tasks/*.yml", "roles/*/vars/main.yml", "roles/*/templates/*.j2", "roles/*/README.md",
+           "roles/monitoring/files/gpufleet-serving.rules.yml", "roles/monitoring/files/gpufleet-serving.json"]
 REQUIRED = ["playbooks/switch_engine.yml", "playbooks/gpu_cleanup.yml", "playbooks/tasks/rollout_gate_stop.yml",
             "plugins/modules/gpu_holders_kill.py", "plugins/modules/gpu_holders_kill.yml",
             "roles/switch_engine/tasks/main.yml", "meta/runtime.yml", "docs/reports.md"]

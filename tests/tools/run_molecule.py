@@ -33,7 +33,7 @@ EXPECTED_SECONDS = {"switch_faults": 580, "switch_engine": 465, "switch_traffic"
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
 # teardown_units' cases are each about one node's units; real_vllm runs vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
-               "switch_park": ["--nodes", "1"],
+               "switch_park": ["--nodes", "1"], "switch_metrics": ["--nodes", "1", "--metrics-port", "{metrics_port}"],
                "real_vllm": ["--nodes", "1", "--real-vllm"]}
 DEFAULT_SECONDS = 120
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -95,7 +95,7 @@ def run_lane(lane: int, names: list[str], results: dict[str, tuple[bool, float]]
         for name in names:
             started = time.monotonic()
             # a fresh lab for each scenario: one scenario's units and faults must not become the next one's state
-            options = [word.format(http_port=18001 + 100 * lane) for word in LAB_OPTIONS.get(name, ["--nodes", "2"])]
+            options = [word.format(http_port=18001 + 100 * lane, metrics_port=19101 + 100 * lane) for word in LAB_OPTIONS.get(name, ["--nodes", "2"])]
             up = subprocess.run([sys.executable, str(LAB), "up", "--gpus", "8", *options], env=env, capture_output=True, text=True, check=False)
             if up.returncode != 0:
                 results[name] = (False, 0.0)
