@@ -10,6 +10,7 @@ alerts within seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -69,10 +70,8 @@ def start(inventory: Path, port: int) -> None:
 def stop(inventory: Path) -> None:
     pid_file = inventory.parent / "prometheus" / "pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
-            pass
         pid_file.unlink()
 
 
