@@ -34,6 +34,11 @@ if [ -n "$missing" ]; then
   echo "os-setup: installing$missing"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing > /dev/null
+  # the lab starts its own Prometheus on 127.0.0.1 (tests/sim/prometheus_lab.py): the package's daemons, listening on
+  # every address, are not wanted on a machine that installed them only for this
+  if [[ " $missing " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service prometheus-node-exporter.service > /dev/null 2>&1 || true
+  fi
 fi
 if $needs_runc; then
   mkdir -p /etc/containers
