@@ -157,8 +157,8 @@ class NodeOps:
         """Wake the parked engine (its standby call): {seconds}; raises Error when it did not answer."""
         raise NotImplementedError
 
-    def record_parked(self, record: dict | None) -> None:
-        """The node's record of its parked engine: written, or removed (None)."""
+    def record_parked(self, record: dict | None, measured: dict | None = None) -> None:
+        """The node's record of its parked engine: written (with what its park measured), or removed (None)."""
         raise NotImplementedError
 
     def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
@@ -378,7 +378,10 @@ def record_parked(request: CutoverRequest, ops: NodeOps, result: dict) -> None:
                   "park_s": parked.get("seconds"), "leftover_mib": parked.get("leftover_mib") or {},
                   "host_memory_bytes": parked.get("host_memory_bytes")}
     try:
-        ops.record_parked(record)
+        if record:
+            ops.record_parked(record, result["park"])
+        else:
+            ops.record_parked(None)
         result["parked"] = record
     except Error as exc:  # the engines are as they are; the next run reads the units again
         result["parked_error"] = exc.msg

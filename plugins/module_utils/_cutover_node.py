@@ -117,13 +117,17 @@ class Node(cutover.NodeOps):
         if answer.status != 200:
             raise Error(f"{engine.engine} {method} {path}: " + (f"HTTP {answer.status} {answer.body[:200]}" if answer.status else str(answer.error)))
 
-    def record_parked(self, record: dict | None) -> None:
+    def record_parked(self, record: dict | None, measured: dict | None = None) -> None:
         path = self.params.get("parked_path")
         try:
             if record is None:
                 park.remove_record(path)
             elif path:
                 files.write_atomically(path, json.dumps(record) + "\n", 0o644)
+                # what this park left, for the planner of the engine's next park on this node
+                history = park.HISTORY_PATH if path == park.RECORD_PATH else os.path.join(os.path.dirname(path), "park_history.json")
+                files.write_atomically(history, json.dumps(park.remembered(park.read_history(history), record["engine"], measured or {})) + "\n",
+                                       0o644)
         except OSError as exc:
             raise Error(f"{path}: {exc.strerror or exc}") from None
 

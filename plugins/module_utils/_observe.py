@@ -138,6 +138,11 @@ def parked(path: str | None, engines: dict) -> dict | None:
     return dict(record, alive=alive, reason=reason)
 
 
+def park_history(path: str | None) -> dict:
+    """What each engine's last park on this node left (engine_cutover keeps it)."""
+    return park.read_history(path)
+
+
 def host_memory(meminfo: str = "/proc/meminfo") -> dict:
     """The host's available and total memory in bytes (None where unreadable)."""
     values = {}

@@ -23,6 +23,8 @@ MODES = ("off", "auto", "required")
 # the node's record of its parked engine (engine_observe reads it; engine_cutover writes and clears it)
 RECORD_PATH = "/var/lib/gpufleet-serving/parked.json"
 MIB = 1 << 20
+# what each engine's last park on the node left: per GPU, with the GPUs' sizes (the planner checks the next park by it)
+HISTORY_PATH = "/var/lib/gpufleet-serving/park_history.json"
 
 # (method, path, JSON body or None) of each engine's standby calls: vLLM's sleep mode (level 1 keeps the weights in
 # host memory; level 2 drops them, which is no park), SGLang's memory saver (weights kept only with their CPU backup)
@@ -113,3 +115,30 @@ def remove_record(path: str | None) -> bool:
         os.unlink(path)
         return True
     return False
+
+
+def read_history(path: str | None) -> dict:
+    """{engine: {leftover_mib, gpus, host_memory_bytes, park_s, at}} of each engine's last park here ({} when none)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            history = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return history if isinstance(history, dict) else {}
+
+
+def remembered(history: dict, engine: str, parked: dict) -> dict:
+    """The history with ``engine``'s park as measured now."""
+    keep = ("leftover_mib", "gpus", "host_memory_bytes", "seconds", "at")
+    return dict(history, **{engine: {key: parked.get(key) for key in keep}})
+
+
+def room_by_history(history: dict, engine: str, fraction: float | None) -> str | None:
+    """Why the target would not fit beside ``engine`` parked, from what its last park on this node left, or None."""
+    last = history.get(engine) or {}
+    problems = gpu_room(last.get("gpus") or [], last.get("leftover_mib") or {}, fraction)
+    if problems:
+        return f"{'; '.join(problems)} (what {engine}'s last park on this node left)"
+    return None

@@ -83,6 +83,7 @@ class Found:
     previous_version: str | None = None  # the version it runs
     host: dict = field(default_factory=dict)  # the host's memory: available_bytes, total_bytes
     sizes: dict = field(default_factory=dict)  # bytes of weights by model directory
+    park_history: dict = field(default_factory=dict)  # what each engine's last park on the node left (engine_observe)
 
     @classmethod
     def from_vars(cls, values: dict) -> Found:
@@ -217,7 +218,9 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
     previous_facts = node.engines.get(previous) or {}
     reason = (park.why_not_parkable(previous, node.previous_argv, node.previous_version)
               or park.host_room((node.host or {}).get("available_bytes"), (node.sizes or {}).get(previous_facts.get("model_path") or ""),
-                                settings.park_margin_mib))
+                                settings.park_margin_mib)
+              # per GPU, by what its last park here left (measured); the cutover checks again with what this one leaves
+              or park.room_by_history(node.park_history or {}, previous, target.get("memory_fraction")))
     if reason is None and target.get("visible_devices") != previous_facts.get("visible_devices"):
         reason = "the target and the previous engine are pinned to different GPUs (CUDA_VISIBLE_DEVICES): nothing to give back"
     if reason:

@@ -56,11 +56,14 @@ def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
     assert park.remove_record(str(path)) and not path.exists()
 
 
-def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, **settings):
-    engines = {"vllm": {"model_path": "/models/v", "ready_timeout": 60}, "sglang": {"model_path": "/models/s", "ready_timeout": 60}}
+def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, park_history=None,
+         target_fraction=None, **settings):
+    engines = {"vllm": {"model_path": "/models/v", "ready_timeout": 60, "memory_fraction": target_fraction},
+               "sglang": {"model_path": "/models/s", "ready_timeout": 60, "memory_fraction": target_fraction}}
     found = switch_plan.Found(engines=engines, found=[previous] if previous != "none" else [], serving=[previous], previous=previous,
                               files=files or {}, parked=parked, previous_argv=list(argv), previous_version=version,
-                              host={"available_bytes": available}, sizes={"/models/v": 60 * 2**30, "/models/s": 60 * 2**30})
+                              host={"available_bytes": available}, sizes={"/models/v": 60 * 2**30, "/models/s": 60 * 2**30},
+                              park_history=park_history or {})
     return switch_plan.plan(switch_plan.Settings(target=settings.pop("target", "sglang"), park_previous=mode, **settings), found)
 
 
@@ -79,6 +82,18 @@ def test_the_planner_parks_where_the_engine_and_the_host_allow_and_says_why_not_
     assert plan("required", target="vllm")["park"]["previous"] == "stop", "an engine switched in place is replaced, not parked"
     with pytest.raises(InvalidInput, match="switch_engine_park_previous: 'sometimes' is not one of off, auto, required"):
         plan("sometimes")
+
+
+def test_the_planner_checks_each_gpu_by_what_the_engines_last_park_left_before_anything_is_drained():
+    history = park.remembered({}, "vllm", {"leftover_mib": {"0": 30000}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
+    found = plan(park_history=history)["park"]
+    assert found["previous"] == "park", "the target's memory fraction is its engine's default: the engine's own check decides"
+    engines_fraction = plan(park_history=history, target_fraction=0.9)["park"]
+    assert engines_fraction["previous"] == "stop" and engines_fraction["reason"] == (
+        "GPU 0: the target's 0.9 x 100000 MiB + 30000 MiB kept by the parked engine > 100000 MiB (what vllm's last park on this node left)")
+    assert plan("required", park_history=history, target_fraction=0.9)["park"]["refused"].startswith(
+        "switch_engine_park_previous is required and vllm cannot be parked: GPU 0")
+    assert plan(park_history=history, target_fraction=0.6)["park"]["previous"] == "park"
 
 
 def test_the_planner_wakes_the_parked_target_evicts_a_changed_one_and_starts_cold_after_a_death():
@@ -121,8 +136,9 @@ class ParkingNode(Node):
         self._step("wake", engine.unit)
         return {"call_s": 0.3}
 
-    def record_parked(self, record):
+    def record_parked(self, record, measured=None):
         self.records.append(record)
+        self.measured = measured
 
 
 def run(node, clock, target=SGLANG, previous=VLLM, **options):
@@ -146,6 +162,8 @@ def test_a_park_keeps_the_previous_engine_through_the_teardown_and_records_it():
     assert (names(node)[1], result["park"]["seconds"]) == ("park", 0.4)
     assert [mark[0] for mark in result["marks"]][:3] == ["drain", "park", "teardown"]
     assert node.records == [result["parked"]] and result["parked"]["unit"] == "vllm.service" and result["parked"]["invocation_id"] == "inv-1"
+    assert node.measured["leftover_mib"] == {"0": 600} and node.measured["gpus"] == [{"index": 0, "total_mib": 100000}], (
+        "what the park left is kept for the next one's planning")
 
 
 def test_a_park_that_leaves_the_target_too_little_wakes_the_previous_engine_again():
