@@ -1,0 +1,203 @@
+"""Park and wake on a real NVIDIA GPU, against the pinned-copy floor measured in the same run.
+
+Run as root on a GPU node with PyTorch, nvidia-ml-py and ansible-core (systemd as PID 1 for the teardown part):
+
+    python3 tests/gpu/park_validation.py [--out DIR] [--gib 32]
+
+1. The floor: one process copies GIB of GPU memory to a pinned host buffer allocated beforehand and back, and then
+   pins a fresh host buffer of the same size and copies into it (what a park that allocates its buffer when it parks
+   pays).
+2. A sleeper parks as vLLM's sleep mode level 1 does - its tensor copied to a pinned host buffer allocated at park
+   time, its GPU memory freed, its CUDA context kept - then wakes (GPU memory allocated again, copied back, the data
+   checked), then parks and wakes a second time (the pinned buffer reused). Per park: seconds, the GPU memory it
+   still holds (NVML), its open /dev/nvidia* files. Goals: wake within 3x the floor's copy in, the first park within
+   1.5x the fresh pin plus copy out.
+3. The teardown modules beside it: the sleeper runs in a transient scope unit (systemd-run --scope), a plain holder
+   beside it; node_teardown with the sleeper's unit kept and outside_units=kill must kill the holder, keep the
+   sleeper, and pass its memory assertion with the sleeper's memory reported per GPU (left_mib), not counted.
+4. The driver checkpoint (cuCheckpointProcess*, CUDA 12.8+ drivers) of a TP = 1 process holding GIB: lock,
+   checkpoint, restore, unlock, with the GPU memory seen while it is out, and the data checked after.
+Results: <out>/park_<host>.json; exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pynvml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_gpu_validation import Lab, machine  # noqa: E402
+
+# the floor: copies of the same bytes with a buffer pinned before, then a buffer pinned fresh
+FLOOR = r'''
+import sys, time, torch
+gib = int(sys.argv[1]); n = gib << 30
+x = torch.empty(n, dtype=torch.uint8, device="cuda"); x.fill_(7); torch.cuda.synchronize()
+host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+t = time.monotonic(); host.copy_(x); torch.cuda.synchronize(); out_s = time.monotonic() - t
+t = time.monotonic(); x.copy_(host); torch.cuda.synchronize(); in_s = time.monotonic() - t
+del host
+t = time.monotonic(); fresh = torch.empty(n, dtype=torch.uint8, pin_memory=True); pin_s = time.monotonic() - t
+t = time.monotonic(); fresh.copy_(x); torch.cuda.synchronize(); fresh_out_s = time.monotonic() - t
+print("F", out_s, in_s, pin_s, fresh_out_s, flush=True)
+'''
+
+# the sleeper: parks and wakes on commands read from stdin, answering one line each
+SLEEPER = r'''
+import os, sys, time, torch
+gib = int(sys.argv[1]); n = gib << 30
+weights = torch.empty(n, dtype=torch.uint8, device="cuda"); weights.fill_(42)
+weights[: 1 << 20] = torch.arange(1 << 20, device="cuda", dtype=torch.int64).to(torch.uint8)
+expect = weights[: 1 << 20].cpu().clone(); torch.cuda.synchronize()
+backup = None
+print("R", os.getpid(), flush=True)
+for line in sys.stdin:
+    command = line.strip()
+    t = time.monotonic()
+    if command == "park":
+        if backup is None:
+            backup = torch.empty(n, dtype=torch.uint8, pin_memory=True)  # allocated when it parks, as vLLM's sleep does
+        backup.copy_(weights); torch.cuda.synchronize()
+        del weights; torch.cuda.empty_cache()
+        print("P", time.monotonic() - t, flush=True)
+    elif command == "wake":
+        weights = torch.empty(n, dtype=torch.uint8, device="cuda"); weights.copy_(backup); torch.cuda.synchronize()
+        ok = bool(torch.equal(weights[: 1 << 20].cpu(), expect)) and int(weights[-1].item()) == 42
+        print("W", time.monotonic() - t, int(ok), flush=True)
+    elif command == "check":
+        print("C", int(bool(torch.equal(weights[: 1 << 20].cpu(), expect))), flush=True)
+'''
+
+
+def nvidia_files(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd).startswith("/dev/nvidia")
+        except OSError:
+            continue
+    return count
+
+
+def process_mib(pid: int, index: int = 0) -> int:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    return sum((p.usedGpuMemory or 0) >> 20 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid)
+
+
+def ask(proc: subprocess.Popen, command: str) -> list[str]:
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    return proc.stdout.readline().split()
+
+
+def floor(gib: int) -> dict:
+    words = subprocess.run([sys.executable, "-c", FLOOR, str(gib)], capture_output=True, text=True, check=True).stdout.split()
+    out_s, in_s, pin_s, fresh_out_s = (float(word) for word in words[1:5])
+    return {"copy_out_s": round(out_s, 3), "copy_in_s": round(in_s, 3), "fresh_pin_s": round(pin_s, 3), "fresh_copy_out_s": round(fresh_out_s, 3)}
+
+
+def park_cycles(lab: Lab, gib: int, unit: str | None) -> tuple[subprocess.Popen, dict]:
+    argv = [sys.executable, "-c", SLEEPER, str(gib)]
+    if unit:
+        argv = ["systemd-run", "--scope", "--quiet", f"--unit={unit}", *argv]
+    sleeper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lab.started.append(sleeper)
+    pid = int(sleeper.stdout.readline().split()[1])
+    lab.extra.append(pid)
+    cycles = {"pid": pid, "serving_mib": process_mib(pid), "cycles": []}
+    for _cycle in range(2):
+        park_s = float(ask(sleeper, "park")[1])
+        parked = {"park_s": round(park_s, 3), "parked_mib": process_mib(pid), "nvidia_files": nvidia_files(pid)}
+        words = ask(sleeper, "wake")
+        parked.update(wake_s=round(float(words[1]), 3), data_intact=words[2] == "1")
+        cycles["cycles"].append(parked)
+    ask(sleeper, "park")  # left parked for the teardown
+    cycles["left_parked_mib"] = process_mib(pid)
+    return sleeper, cycles
+
+
+def teardown_beside(lab: Lab, unit: str, sleeper_pid: int, gib: int) -> dict:
+    holder, pids = lab.holder("plain", 0, max(1, gib // 8))
+    result, wall = lab.module("node_teardown", {"units": [unit], "kept_units": [unit], "outside_units": "kill", "lease": False,
+                                                "expected_gpu_count": pynvml.nvmlDeviceGetCount(), "memory_timeout": 60})
+    steps = result.get("steps") or {}
+    holders = steps.get("holders") or {}
+    signalled = {p["pid"] for p in (holders.get("terminated") or []) + (holders.get("killed") or [])}
+    after = (steps.get("after") or {}).get("gpus") or []
+    return {"result": result.get("result"), "msg": result.get("msg"), "playbook_wall_s": round(wall, 3),
+            "kept": sorted(p["pid"] for p in holders.get("kept") or []), "signalled": sorted(signalled),
+            "holder_killed": bool(set(pids) & signalled), "sleeper_kept": sleeper_pid not in signalled and Path(f"/proc/{sleeper_pid}").exists(),
+            "left_mib": [gpu.get("left_mib") for gpu in after], "passed": result.get("result") == "done"}
+
+
+def checkpoint(lab: Lab, gib: int) -> dict:
+    """The driver's checkpoint of a TP = 1 process, through libcuda (cuCheckpointProcess*): seconds out and in."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(cuda, "cuCheckpointProcessCheckpoint"):
+        return {"skipped": "this driver has no checkpoint API (CUDA 12.8+ drivers)"}
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER, str(gib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lab.started.append(sleeper)
+    pid = int(sleeper.stdout.readline().split()[1])
+    figures: dict = {"pid": pid, "before_mib": process_mib(pid)}
+    for name in ("Lock", "Checkpoint", "Restore", "Unlock"):
+        started = time.monotonic()
+        code = getattr(cuda, f"cuCheckpointProcess{name}")(ctypes.c_int(pid), None)
+        figures[f"{name.lower()}_s"] = round(time.monotonic() - started, 3)
+        figures[f"{name.lower()}_code"] = code
+        if name == "Checkpoint":
+            figures["out_mib"] = process_mib(pid)
+            figures["out_nvidia_files"] = nvidia_files(pid)
+        if code != 0:
+            break
+    figures["data_intact"] = ask(sleeper, "check")[1:] == ["1"] if figures.get("unlock_code") == 0 else False
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--gib", type=int, default=32)
+    args = parser.parse_args(argv)
+    pynvml.nvmlInit()
+    out = Path(args.out)
+    lab = Lab(out)
+    unit = "gpufleet-park-validation.scope" if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run") else None
+    report: dict = {"machine": machine(), "gib": args.gib, "date": time.strftime("%Y-%m-%d")}
+    try:
+        report["floor"] = floor(args.gib)
+        sleeper, report["park"] = park_cycles(lab, args.gib, unit)
+        report["teardown"] = (teardown_beside(lab, unit, report["park"]["pid"], args.gib) if unit
+                              else {"skipped": "no systemd as PID 1: a kept unit needs the sleeper in a unit"})
+        sleeper.kill()
+        report["checkpoint"] = checkpoint(lab, args.gib)
+    finally:
+        lab.cleanup()
+    first = report["park"]["cycles"][0]
+    floor_figures = report["floor"]
+    report["ratios"] = {"wake_over_copy_in": round(first["wake_s"] / floor_figures["copy_in_s"], 2),
+                        "first_park_over_fresh_pin_and_copy": round(first["park_s"] / (floor_figures["fresh_pin_s"] + floor_figures["fresh_copy_out_s"]), 2),
+                        "second_park_over_copy_out": round(report["park"]["cycles"][1]["park_s"] / floor_figures["copy_out_s"], 2)}
+    report["checks"] = {"data_intact": all(cycle["data_intact"] for cycle in report["park"]["cycles"]),
+                        "context_kept": all(cycle["nvidia_files"] > 0 for cycle in report["park"]["cycles"]),
+                        "wake_within_3x_floor": report["ratios"]["wake_over_copy_in"] <= 3,
+                        "park_within_1_5x_pin_and_copy": report["ratios"]["first_park_over_fresh_pin_and_copy"] <= 1.5,
+                        "teardown_kept_the_parked_killed_the_other": bool(report["teardown"].get("passed") and report["teardown"].get("holder_killed")
+                                                                           and report["teardown"].get("sleeper_kept"))}
+    path = out / f"park_{platform.node() or 'node'}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(json.dumps({key: report[key] for key in ("floor", "ratios", "checks")}, indent=1))
+    return 0 if all(report["checks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
