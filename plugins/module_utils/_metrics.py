@@ -103,7 +103,8 @@ def count_teardown(state: dict, steps: dict | None) -> None:
             if sent.get("result") == "sent":
                 count(state, "signals", str(sent.get("signal") or "unknown"))
     count(state, "foreign_holders", by=len(holders.get("foreign") or []))
-    if steps.get("failed_step") in ("decide", "holders") and (holders.get("outside") or holders.get("restarting") or holders.get("targets")):
+    # a refused plan: the holders step failed naming what it would not signal (nothing was)
+    if holders.get("failed") and not holders.get("signals") and (holders.get("outside") or holders.get("restarting") or holders.get("targets")):
         count(state, "refusals", refusal_reason(holders))
     after = (steps.get("after") or {}).get("gpus")
     if after:

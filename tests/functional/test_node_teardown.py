@@ -69,3 +69,33 @@ def test_check_mode_plans_then_the_run_kills_asserts_and_gives_the_lease_back(de
 
     again = run_module(MODULE, teardown_args(devices, name, outside_units="kill"), env=nvml_env)
     assert not again.failed and again["changed"] is False, "a second run changes nothing"
+
+
+def test_the_nodes_metrics_count_what_was_signalled_and_refused_and_check_mode_writes_none(devices, processes, nvml_env, tmp_path):
+    """Issue 47: the teardown writes the node's metrics with prometheus_client (read back with its parser); counters
+    add up across runs; check mode writes nothing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    where = {"metrics_dir": str(tmp_path / "textfile"), "metrics_state_path": str(tmp_path / "metrics.json")}
+    prom = tmp_path / "textfile" / "gpufleet_serving.prom"
+
+    def samples() -> dict:
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(prom.read_text()) for sample in family.samples}
+
+    _helper, (pid,) = processes.holder("--open", devices.gpu(3), devices.ctl)
+    plan = run_module(MODULE, teardown_args(devices, name, outside_units="kill", **where), check_mode=True, env=nvml_env)
+    assert not plan.failed and not prom.exists(), "check mode writes no metrics"
+    refused = run_module(MODULE, teardown_args(devices, name, **where), env=nvml_env)
+    assert refused.failed and refused["metrics_warnings"] == [] and alive(pid)
+    assert samples()[("gpufleet_refusals_total", (("reason", "foreign_holders"),))] == 1
+    assert samples()[("gpufleet_last_run_info", (("playbook", "gpu_teardown"), ("result", "failed")))] == 1
+    result = run_module(MODULE, teardown_args(devices, name, outside_units="kill", **where), env=nvml_env)
+    assert not result.failed, result.result
+    counted = samples()
+    assert counted[("gpufleet_signals_total", (("signal", "SIGTERM"),))] >= 1
+    assert counted[("gpufleet_foreign_holders_total", ())] == 2, "found by the refused run and by this one"
+    assert counted[("gpufleet_refusals_total", (("reason", "foreign_holders"),))] == 1, "a counter keeps what it counted"
+    assert counted[("gpufleet_last_run_info", (("playbook", "gpu_teardown"), ("result", "ok")))] == 1
+    assert {labels for (metric, labels) in counted if metric == "gpufleet_gpu_memory_used_bytes"}, "each GPU's memory after"

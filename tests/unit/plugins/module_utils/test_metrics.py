@@ -68,7 +68,7 @@ def test_counters_never_go_backwards_across_runs_and_carry_no_unbounded_label(tm
 
 def test_a_refusal_is_counted_by_its_reason_and_a_teardown_by_its_playbook(tmp_path):
     state = metrics.load_state(str(tmp_path / "none.json"))
-    refused = {"result": "failed", "steps": {"failed_step": "decide", "holders": {"outside": [{"pid": 5}], "foreign": [{"pid": 5}]}}}
+    refused = {"result": "failed", "steps": {"failed_step": "Decide | ...", "holders": {"failed": True, "outside": [{"pid": 5}], "foreign": [{"pid": 5}]}}}
     metrics.record_teardown(state, refused, now=5.0)
     assert state["counters"]["refusals"] == {"foreign_holders": 1} and state["counters"]["foreign_holders"] == 1
     assert state["last_run"]["gpu_teardown"] == {"result": "failed", "timestamp": 5.0}
