@@ -13,6 +13,7 @@ beside it and renamed over it (a reader never sees half a unit or half a key fil
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import stat
@@ -111,6 +112,19 @@ def write_atomically(path: str, content: str, mode: int, uid: int = 0, gid: int 
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def read_json_object(path: str | None) -> dict | None:
+    """A node-local record (a JSON object), or None: no path, no file, unreadable or not an object. The records are
+    for the next run's decisions and reports; a damaged one is no record, never a failure."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def unique_names(files: list[WantedFile]) -> list[str]:

@@ -71,12 +71,8 @@ def empty_state() -> dict:
 def load_state(path: str) -> dict:
     """The node's metrics state, or an empty one (none yet, or unreadable: counters start again rather than fail a run)."""
     state = empty_state()
-    try:
-        with open(path, encoding="utf-8") as handle:
-            stored = json.load(handle)
-    except (OSError, ValueError):
-        return state
-    if isinstance(stored, dict):
+    stored = files.read_json_object(path)
+    if stored:
         state.update({key: value for key, value in stored.items() if key in state})
         state["counters"] = {**empty_state()["counters"], **(stored.get("counters") or {})}
     return state

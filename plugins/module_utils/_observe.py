@@ -13,11 +13,11 @@ reads go through one seam, NodeReader, which the module builds from the other mo
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
@@ -170,11 +170,5 @@ def weights_bytes(path: str | None) -> int | None:
 
 def last_cutover(path: str | None) -> dict | None:
     """The node's record of its last cutover (engine_cutover's record_path), or None: none yet, or unreadable."""
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            record = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("result") else None
+    record = files.read_json_object(path)
+    return record if record and record.get("result") else None

@@ -14,9 +14,9 @@ record's file; no AnsibleModule import.
 
 from __future__ import annotations
 
-import json
 import os
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
 MODES = ("off", "auto", "required")
@@ -87,14 +87,8 @@ def gpu_room(gpus: list[dict], leftover_mib: dict, fraction: float | None) -> li
 
 def read_record(path: str | None) -> dict | None:
     """The node's parked engine as recorded, or None (none, or unreadable: then nothing is kept as parked)."""
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            record = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("unit") and record.get("engine") else None
+    record = files.read_json_object(path)
+    return record if record and record.get("unit") and record.get("engine") else None
 
 
 def alive(record: dict | None, unit_properties: dict) -> tuple[bool, str | None]:
@@ -119,14 +113,7 @@ def remove_record(path: str | None) -> bool:
 
 def read_history(path: str | None) -> dict:
     """{engine: {leftover_mib, gpus, host_memory_bytes, park_s, at}} of each engine's last park here ({} when none)."""
-    if not path:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            history = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return history if isinstance(history, dict) else {}
+    return files.read_json_object(path) or {}
 
 
 def remembered(history: dict, engine: str, parked: dict) -> dict:
