@@ -187,12 +187,13 @@ def main(argv: list[str]) -> int:
     report["ratios"] = {"wake_over_copy_in": round(first["wake_s"] / floor_figures["copy_in_s"], 2),
                         "first_park_over_fresh_pin_and_copy": round(first["park_s"] / (floor_figures["fresh_pin_s"] + floor_figures["fresh_copy_out_s"]), 2),
                         "second_park_over_copy_out": round(report["park"]["cycles"][1]["park_s"] / floor_figures["copy_out_s"], 2)}
+    teardown = report["teardown"]
     report["checks"] = {"data_intact": all(cycle["data_intact"] for cycle in report["park"]["cycles"]),
                         "context_kept": all(cycle["nvidia_files"] > 0 for cycle in report["park"]["cycles"]),
                         "wake_within_3x_floor": report["ratios"]["wake_over_copy_in"] <= 3,
                         "park_within_1_5x_pin_and_copy": report["ratios"]["first_park_over_fresh_pin_and_copy"] <= 1.5,
-                        "teardown_kept_the_parked_killed_the_other": bool(report["teardown"].get("passed") and report["teardown"].get("holder_killed")
-                                                                           and report["teardown"].get("sleeper_kept"))}
+                        "teardown_kept_the_parked_killed_the_other": bool(teardown.get("passed") and teardown.get("holder_killed")
+                                                                          and teardown.get("sleeper_kept"))}
     path = out / f"park_{platform.node() or 'node'}.json"
     path.write_text(json.dumps(report, indent=1))
     print(json.dumps({key: report[key] for key in ("floor", "ratios", "checks")}, indent=1))
