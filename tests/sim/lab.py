@@ -420,6 +420,10 @@ def down(quiet: bool = False) -> None:
         import traffic  # noqa: PLC0415 - only labs with a balancer need it
 
         traffic.haproxy_stop(BUILD / "inventory.ini", quiet=quiet)
+    if (BUILD / "prometheus" / "pid").exists():  # so does the Prometheus prometheus_lab.py started beside it
+        import prometheus_lab  # noqa: PLC0415 - only labs with metrics need it
+
+        prometheus_lab.stop(BUILD / "inventory.ini")
     containers = lab_containers()
     if containers:
         run(["podman", "rm", "-f", "-t", "0", *containers], stdout=subprocess.DEVNULL)

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,11 @@ def start(inventory: Path, port: int) -> None:
     lab_dir, ports = nodes(inventory)
     work = lab_dir / "prometheus"
     stop(inventory)
+    with socket.socket() as probe:  # another Prometheus there would answer our readiness check with its own data
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SystemExit(f"prometheus: 127.0.0.1:{port} is taken ({exc.strerror}); stop what listens there") from None
     shutil.rmtree(work, ignore_errors=True)
     (work / "data").mkdir(parents=True)
     targets = [{"targets": [f"127.0.0.1:{node_port}"], "labels": {"instance": name}} for name, node_port in sorted(ports.items())]
@@ -54,6 +60,8 @@ def start(inventory: Path, port: int) -> None:
     (work / "port").write_text(f"{port}\n")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"prometheus exited {process.returncode}: {(work / 'prometheus.log').read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as reply:
                 if reply.status == 200:
@@ -61,8 +69,6 @@ def start(inventory: Path, port: int) -> None:
                     return
         except OSError:
             pass
-        if process.poll() is not None:
-            raise SystemExit(f"prometheus exited {process.returncode}: {(work / 'prometheus.log').read_text()[-2000:]}")
         time.sleep(0.5)
     raise SystemExit("prometheus did not become ready within 60 s")
 
@@ -70,8 +76,12 @@ def start(inventory: Path, port: int) -> None:
 def stop(inventory: Path) -> None:
     pid_file = inventory.parent / "prometheus" / "pid"
     if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        with contextlib.suppress(OSError, ValueError):  # gone already, or the file damaged
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20  # its port is free for the next lab once it has exited
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                time.sleep(0.1)
         pid_file.unlink()
 
 
