@@ -23,12 +23,6 @@ import time
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 
-try:
-    from prometheus_client import CollectorRegistry, write_to_textfile
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-except ImportError:  # a node without it: a warning, never a failure
-    CollectorRegistry = None
-
 # the directory Debian's and Ubuntu's prometheus-node-exporter package reads (--collector.textfile.directory)
 DEFAULT_DIRECTORY = "/var/lib/prometheus/node-exporter"
 FILE_NAME = "gpufleet_serving.prom"
@@ -160,6 +154,8 @@ def record_teardown(state: dict, result: dict, now: float, engines: list[dict] |
 
 def collect(state: dict) -> list:
     """The metric families of ``state``, by prometheus_client's own types."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: PLC0415 - only where metrics are written
+
     meaning = {name: (kind, labels, text) for name, kind, labels, text in METRICS}
     families = {}
 
@@ -212,7 +208,9 @@ def publish(state: dict, directory: str, state_path: str = STATE_PATH) -> list[s
         warnings.append(f"metrics state {state_path}: {exc.strerror or exc} (counters not kept)")
     if not directory:
         return warnings
-    if CollectorRegistry is None:
+    try:  # imported here: a run that writes no metrics does not pay for it
+        from prometheus_client import CollectorRegistry, write_to_textfile  # noqa: PLC0415
+    except ImportError:  # a node without it: a warning, never a failure
         return warnings + ["metrics not written: the node has no prometheus-client (pip install prometheus-client)"]
 
     class Collector:

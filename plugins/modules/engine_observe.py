@@ -15,7 +15,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
 from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
@@ -38,7 +37,6 @@ ARGUMENT_SPEC = dict(
     parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
     sizes=dict(type="list", elements="path", default=[]),
     park_history_path=dict(type="str", default="/var/lib/gpufleet-serving/park_history.json"),
-    metrics_dir=dict(type="str"),
 )
 
 
@@ -102,16 +100,6 @@ def lease_held(taken: dict | None) -> dict:
     return {"lease": taken} if taken else {}
 
 
-def publish_lease(params: dict, taken: dict | None, check_mode: bool) -> list[str]:
-    """The lease just taken, in the node's metrics: a run whose controller dies before its node-local step still shows
-    who holds the node and until when (never in check mode; warnings, never a failure)."""
-    if params["metrics_dir"] is None or not taken or check_mode:
-        return []
-    state = metrics.load_state(metrics.STATE_PATH)
-    state["lease"] = metrics.lease_state(lease.LeaseStore(params["lease"]["name"]).held())
-    return metrics.publish(state, params["metrics_dir"])
-
-
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     module.no_log_values.update(item["content"] for item in module.params["files"] if item["secret"])
@@ -123,7 +111,7 @@ def main() -> None:
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
             module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None,
-                             parked=None, host={}, sizes={}, park_history={}, metrics_warnings=[])
+                             parked=None, host={}, sizes={}, park_history={})
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])
@@ -132,7 +120,6 @@ def main() -> None:
         result["host"] = observe.host_memory()
         result["sizes"] = {path: observe.weights_bytes(path) for path in module.params["sizes"]}
         result["park_history"] = observe.park_history(module.params["park_history_path"])
-        result["metrics_warnings"] = publish_lease(module.params, taken, module.check_mode)
     except OSError as exc:
         module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:
