@@ -383,6 +383,23 @@ def test_an_engine_started_to_park_renders_its_standby_flags_parsed_by_the_real_
     assert not {"--enable-sleep-mode", "--enable-memory-saver"} & set(plain["argv"])
 
 
+def test_a_vllm_started_to_park_pins_its_host_copy_in_threads_unless_the_operator_says_otherwise():
+    def pinning(**overrides):
+        lines = engines.engine_facts(config("vllm", standby=True, **overrides), "vllm")["environment_lines"]
+        return [line.strip('"') for line in lines if "PYTORCH_CUDA_ALLOC_CONF" in line]  # systemd's quoted assignments
+
+    assert pinning(standby_pin_threads=16) == ["PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:16"]
+    assert pinning(standby_pin_threads=0) == pinning(standby_pin_threads="") == [], "0 keeps PyTorch's default pinning"
+    # the operator's own setting is written after the role's: systemd keeps the last assignment
+    assert pinning(standby_pin_threads=8, environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})[-1] == (
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+    for threads in (12, 256, -1):
+        with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_pin_threads: "):
+            engines.engine_facts(config("vllm", standby=True, standby_pin_threads=threads), "vllm")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in " ".join(engines.engine_facts(config("vllm", standby_pin_threads=16), "vllm")["environment_lines"]), (
+        "an engine that never parks pins nothing at park time")
+
+
 def test_standby_never_opens_the_park_routes_beyond_loopback():
     # vLLM's API key guards /v1 only: its sleep routes would be open whatever the key
     with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: vLLM's sleep routes are not guarded by its API key and vllm_host 0.0.0.0"):
