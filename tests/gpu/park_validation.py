@@ -145,7 +145,10 @@ def park_cycles(lab: Lab, gib: int, unit: str | None, placement: str | None, env
     pid = int(sleeper.stdout.readline().split()[1])
     lab.extra.append(pid)
     if placement and placement.startswith("cgroup v2"):
-        (cgroup2_root() / unit / "cgroup.procs").write_text(str(pid))
+        try:
+            (cgroup2_root() / unit / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            placement = f"none: moving it into {unit} failed ({exc})"
     cycles = {"pid": pid, "placement": placement, "env": env or {}, "cgroup": Path(f"/proc/{pid}/cgroup").read_text().strip(),
               "serving_mib": process_mib(pid), "cycles": []}
     for _cycle in range(count):
@@ -242,8 +245,9 @@ def main(argv: list[str]) -> int:
     try:
         report["floor"] = floor(args.gib)
         sleeper, report["park"] = park_cycles(lab, args.gib, unit, placement)
-        report["teardown"] = (teardown_beside(lab, unit, report["park"]["pid"], args.gib) if placement
-                              else {"skipped": "neither systemd nor a writable cgroup v2 hierarchy: no unit to keep"})
+        placed = report["park"]["placement"]
+        report["teardown"] = (teardown_beside(lab, unit, report["park"]["pid"], args.gib) if placed and not placed.startswith("none")
+                              else {"skipped": placed or "neither systemd nor a writable cgroup v2 hierarchy: no unit to keep"})
         sleeper.kill()
         sleeper.wait()
         # the same first park with the pinning the vllm role sets for a vLLM started to park
