@@ -94,6 +94,7 @@ class Node(cutover.NodeOps):
         started = time.monotonic()
         self._standby(engine, "park", timeout)
         seconds = round(time.monotonic() - started, 3)
+        self._hold(engine.unit)
         state = self.systemctl.show(engine.unit)
         group = systemd.Cgroup.locate(state.control_group, self.reader)
         pids = set(group.pids())
@@ -117,12 +118,20 @@ class Node(cutover.NodeOps):
         if answer.status != 200:
             raise Error(f"{engine.engine} {method} {path}: " + (f"HTTP {answer.status} {answer.body[:200]}" if answer.status else str(answer.error)))
 
+    def _hold(self, unit: str) -> None:
+        try:
+            park.hold(self.params.get("parked_path"), unit)
+        except OSError as exc:  # parked all the same; only a restart after its death would not be held back
+            self.host.warn(f"{park.hold_dir(self.params.get('parked_path'))}: {exc.strerror or exc}: a parked {unit} that dies is restarted by systemd")
+
     def record_parked(self, record: dict | None, measured: dict | None = None) -> None:
         path = self.params.get("parked_path")
         try:
             if record is None:
                 park.remove_record(path)
+                park.release(path)
             elif path:
+                park.hold(path, record["unit"])  # at most one engine parked per node
                 files.write_atomically(path, json.dumps(record) + "\n", 0o644)
                 # what this park left, for the planner of the engine's next park on this node
                 history = park.HISTORY_PATH if path == park.RECORD_PATH else os.path.join(os.path.dirname(path), "park_history.json")
@@ -170,6 +179,11 @@ class Node(cutover.NodeOps):
         self.systemctl.daemon_reload()
 
     def start(self, unit: str) -> None:
+        # a held unit's start would be skipped, and systemctl would still answer 0
+        try:
+            park.release(self.params.get("parked_path"), [unit])
+        except OSError as exc:
+            raise Error(f"{park.hold_dir(self.params.get('parked_path'))}/{unit}: {exc.strerror or exc}: systemd would skip its start") from None
         self.systemctl.start(unit)
 
     def set_boot(self, enable: str | None, units: list[str]) -> dict:

@@ -26,6 +26,11 @@ MIB = 1 << 20
 # what each engine's last park on the node left: per GPU, with the GPUs' sizes (the planner checks the next park by it)
 HISTORY_PATH = "/var/lib/gpufleet-serving/park_history.json"
 
+# while a file named as the unit is here, systemd does not start that unit: the engine units' ConditionPathExists=!
+# (engine.service.j2). A parked engine whose process dies is then not restarted cold beside the engine that serves; the
+# next switch finds it dead and starts it cold itself. /run: a reboot clears it.
+HOLD_DIR = "/run/gpufleet-serving/parked"
+
 # (method, path, JSON body or None) of each engine's standby calls: vLLM's sleep mode (level 1 keeps the weights in
 # host memory; level 2 drops them, which is no park), SGLang's memory saver (weights kept only with their CPU backup)
 CALLS = {
@@ -109,6 +114,39 @@ def remove_record(path: str | None) -> bool:
         os.unlink(path)
         return True
     return False
+
+
+def hold_dir(record_path: str | None) -> str:
+    """Where the start holds are, beside a record kept elsewhere than the node's (tests, a second collection)."""
+    if not record_path or record_path == RECORD_PATH:
+        return HOLD_DIR
+    return os.path.join(os.path.dirname(record_path), "hold")
+
+
+def hold(record_path: str | None, unit: str) -> None:
+    """systemd starts ``unit`` no more (a parked engine that dies stays down) until release(); the only unit held."""
+    directory = hold_dir(record_path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    with open(os.path.join(directory, unit), "w", encoding="utf-8"):
+        pass
+    release(record_path, [held for held in os.listdir(directory) if held != unit])
+
+
+def release(record_path: str | None, units: list[str] | None = None) -> list[str]:
+    """systemd may start these units again (all held ones when None); the units released."""
+    directory = hold_dir(record_path)
+    try:
+        held = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    released = []
+    for unit in held if units is None else [unit for unit in units if unit in held]:
+        try:
+            os.unlink(os.path.join(directory, unit))
+            released.append(unit)
+        except FileNotFoundError:
+            continue
+    return released
 
 
 def read_history(path: str | None) -> dict:

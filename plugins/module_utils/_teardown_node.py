@@ -119,6 +119,8 @@ def forget_evicted(params: dict, request: Units, kept: tuple[str, ...]) -> None:
     if record and record["unit"] in request.units and record["unit"] not in kept and "units" in params["steps"]:
         with contextlib.suppress(OSError):  # the next run reads the unit as stopped all the same
             park.remove_record(path)
+        with contextlib.suppress(OSError):  # an operator's own start of it later must not be skipped
+            park.release(path, [record["unit"]])
 
 
 def kept_units(params: dict, node) -> tuple[str, ...]:

@@ -233,3 +233,70 @@ def test_a_parked_engines_processes_are_kept_never_signalled_nor_foreign():
     assert [holder["pid"] for holder in plan.targets] == [11, 12]
     assert [holder["pid"] for holder in plan.outside] == [12], "a foreign job beside a parked engine is still refused"
     assert holders_kill.refusal(plan, request).startswith("1 process(es) hold the GPUs outside the units being stopped")
+
+
+class RecordingHost:
+    """The module's side of the node: systemctl calls recorded (with what was held at each), nothing run."""
+
+    def __init__(self, hold_dir):
+        self.hold_dir = hold_dir
+        self.calls = []
+        self.warnings = []
+
+    def get_bin_path(self, name, required=False):
+        return f"/usr/bin/{name}"
+
+    def run_command(self, argv, environ_update=None):
+        held = sorted(p.name for p in self.hold_dir.iterdir()) if self.hold_dir.is_dir() else []
+        self.calls.append((argv[1:], held))
+        return 0, "", ""
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+
+def test_a_parked_engine_is_held_from_systemds_restarts_until_a_switch_starts_or_forgets_it(tmp_path):
+    """A parked engine that dies must not be restarted cold by systemd (Restart=) beside the engine that serves: its
+    unit's start is held while it is parked, and released by whatever starts it or stops keeping it."""
+    from pathlib import Path
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _teardown_node as teardown_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+
+    record_path = tmp_path / "parked.json"
+    holds = Path(park.hold_dir(str(record_path)))
+    host = RecordingHost(holds)
+    node = cutover_node.Node(host, {"parked_path": str(record_path), "journal_path": "", "run_id": "run-1"}, ProcReader(), None)
+
+    def held():
+        return sorted(p.name for p in holds.iterdir()) if holds.is_dir() else []
+
+    node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
+    assert held() == ["vllm.service"]
+    node.record_parked({"engine": "sglang", "unit": "sglang.service"}, {})
+    assert held() == ["sglang.service"], "one engine parked per node: the other's hold goes"
+    node.start("sglang.service")
+    assert host.calls[-1] == (["start", "--", "sglang.service"], []), "released before the start: systemd would skip it and answer 0"
+    node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
+    node.record_parked(None)
+    assert held() == [] and not record_path.exists()
+    # a teardown that stops the parked engine forgets it: the operator's own start of it later is not skipped
+    node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
+    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, teardown_node.Units(["vllm.service"]), ())
+    assert held() == [] and not record_path.exists()
+    node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
+    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, teardown_node.Units(["vllm.service"]), ("vllm.service",))
+    assert held() == ["vllm.service"], "kept parked: still held"
+    assert park.hold_dir(park.RECORD_PATH) == park.HOLD_DIR
+
+
+def test_the_engine_unit_skips_its_start_while_the_node_holds_it():
+    from pathlib import Path
+
+    template = (Path(__file__).resolve().parents[4] / "roles/engine_common/templates/engine.service.j2").read_text()
+    assert f"ConditionPathExists=!{park.HOLD_DIR}/%n\n" in template, "the unit reads the hold where the modules write it"
+    roles = Path(__file__).resolve().parents[4] / "roles"
+    # whatever starts an engine by systemctl releases its hold first
+    assert f'path: "{park.HOLD_DIR}/{{{{ engine_common_facts.unit }}}}"' in (roles / "engine_common/tasks/main.yml").read_text()
+    assert f'path: "{park.HOLD_DIR}/{{{{ __switch_engine_previous_facts.unit }}}}"' in (roles / "switch_engine/tasks/rollback.yml").read_text()
