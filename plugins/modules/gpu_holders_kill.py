@@ -39,6 +39,7 @@ ARGUMENT_SPEC = dict(
     nvml_timeout=dict(type="float", default=10),
     lock_timeout=dict(type="float", default=60),
     units=dict(type="list", elements="str", default=[]),
+    kept_units=dict(type="list", elements="str", default=[]),
     outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
     owners=dict(type="list", elements="str", default=[]),
     journal_path=dict(type="str", default=journal.DEFAULT_PATH),

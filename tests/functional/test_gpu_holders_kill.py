@@ -543,6 +543,28 @@ def test_outside_units_fail_signals_nothing_and_names_the_holders(devices, proce
     assert all(alive(pid) for pid in placed.values())
 
 
+def test_a_kept_units_holders_are_listed_and_never_signalled_whatever_outside_units_says(devices, processes, nvml_env, unit_groups):
+    """A parked engine beside the teardown: its process keeps its GPU on purpose. Kept, neither a target nor foreign,
+    while the unit being stopped and a loose holder are killed - in check mode and for real."""
+    placed = {}
+    for gpu, unit in enumerate(["vllm.service", "sglang.service"]):
+        _helper, (pid,) = processes.holder("--open", devices.gpu(gpu))
+        unit_groups.put(pid, unit)
+        placed[unit] = pid
+    _helper, (loose,) = processes.holder("--open", devices.gpu(2))
+    args = kill_args(devices, units=["sglang.service"], kept_units=["vllm.service"])
+    for check_mode in (True, False):
+        result = run_module(MODULE, args, check_mode=check_mode, env=nvml_env)
+        assert result.rc == 0, result.get("msg")
+        assert pids_of(result["kept"]) == {placed["vllm.service"]} and result["kept"][0]["placement"] == "kept_unit"
+        assert placed["vllm.service"] not in pids_of(result["targets"]) | pids_of(result["foreign"])
+    assert pids_of(result["terminated"]) | pids_of(result["killed"]) == {placed["sglang.service"], loose}
+    assert placed["vllm.service"] not in {s["pid"] for s in result["signals"]}
+    assert alive(placed["vllm.service"]) and not alive(placed["sglang.service"]) and not alive(loose)
+    refused = run_module(MODULE, kill_args(devices, kept_units=["vllm/x"]), check_mode=True, env=nvml_env)
+    assert refused.rc != 0 and "units: 'vllm/x' is not a unit name" in refused["msg"]
+
+
 def holders_by_owner(devices, processes, unit_groups) -> dict[str, int]:
     """The engine's process in its unit, a worker of the engine's user (daemon here) that escaped it, and a job of
     another user (nobody) in an SSH session's scope."""

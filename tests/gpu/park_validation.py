@@ -14,8 +14,9 @@ Run as root on a GPU node with PyTorch, nvidia-ml-py and ansible-core (systemd o
    1.5x the fresh pin plus copy out.
 3. The teardown modules beside it: the sleeper runs in a unit's control group (a transient scope through systemd-run
    where systemd is PID 1; elsewhere a cgroup v2 group named as that scope, which is all the modules read of a unit),
-   a plain holder beside it; node_teardown with the sleeper's unit kept and outside_units=kill must kill the holder,
-   keep the sleeper, and pass its memory assertion with the sleeper's memory reported per GPU (left_mib), not counted.
+   a plain holder beside it; with the sleeper's unit kept and outside_units=kill the teardown must kill the holder,
+   keep the sleeper, and pass its memory assertion with the sleeper's memory reported per GPU (left_mib), not counted:
+   node_teardown where systemd runs, else gpu_holders_kill (kept_units) and gpu_memory_assert (left_pids).
 4. The driver checkpoint (cuCheckpointProcess*, CUDA 12.8+ drivers) of a TP = 1 process holding GIB, driven from
    another process: lock, checkpoint, restore, unlock, with the GPU memory seen while it is out, and the data checked
    after.
@@ -48,7 +49,7 @@ x = torch.empty(n, dtype=torch.uint8, device="cuda"); x.fill_(7); torch.cuda.syn
 host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
 t = time.monotonic(); host.copy_(x); torch.cuda.synchronize(); out_s = time.monotonic() - t
 t = time.monotonic(); x.copy_(host); torch.cuda.synchronize(); in_s = time.monotonic() - t
-del host
+del host; torch._C._host_emptyCache()  # else PyTorch hands the freed pinned block back, pinned already
 t = time.monotonic(); fresh = torch.empty(n, dtype=torch.uint8, pin_memory=True); pin_s = time.monotonic() - t
 t = time.monotonic(); fresh.copy_(x); torch.cuda.synchronize(); fresh_out_s = time.monotonic() - t
 print("F", out_s, in_s, pin_s, fresh_out_s, flush=True)
@@ -162,20 +163,35 @@ def park_cycles(lab: Lab, gib: int, unit: str | None, placement: str | None, env
     return sleeper, cycles
 
 
-def teardown_beside(lab: Lab, unit: str, sleeper_pid: int, gib: int) -> dict:
+def teardown_beside(lab: Lab, unit: str, sleeper_pid: int, gib: int, placement: str) -> dict:
+    """A plain holder beside the parked sleeper, torn down with the sleeper's unit kept: node_teardown where systemd
+    runs; elsewhere the two modules it chains (it needs systemctl), gpu_holders_kill with kept_units and
+    gpu_memory_assert with the kept processes' memory left."""
     holder, pids = lab.holder("plain", 0, max(1, gib // 8))
-    # no unit to stop: the kept one is the parked engine's, and the holder runs in none
-    result, wall = lab.module("node_teardown", {"units": [], "kept_units": [unit], "outside_units": "kill", "lease": False,
-                                                "metrics_dir": "", "expected_gpu_count": pynvml.nvmlDeviceGetCount(),
-                                                "memory_timeout": 60})
-    steps = result.get("steps") or {}
-    holders = steps.get("holders") or {}
+    count = pynvml.nvmlDeviceGetCount()
+    if placement == "systemd-run --scope":
+        # no unit to stop: the kept one is the parked engine's, and the holder runs in none
+        result, wall = lab.module("node_teardown", {"units": [], "kept_units": [unit], "outside_units": "kill", "lease": False,
+                                                    "metrics_dir": "", "expected_gpu_count": count, "memory_timeout": 60})
+        steps = result.get("steps") or {}
+        holders, after, walls = steps.get("holders") or {}, steps.get("after") or {}, [wall]
+        passed = result.get("result") == "done"
+        modules = "node_teardown"
+    else:
+        holders, kill_wall = lab.module("gpu_holders_kill", {"kept_units": [unit], "outside_units": "kill", "term_timeout": 5})
+        left = [holder["pid"] for holder in holders.get("kept") or []]
+        after, assert_wall = lab.module("gpu_memory_assert", {"left_pids": left, "expected_count": count, "max_used_mib": 512,
+                                                             "timeout": 60})
+        walls = [kill_wall, assert_wall]
+        passed = not holders.get("failed") and not after.get("failed")
+        result = {"msg": holders.get("msg") or after.get("msg")}
+        modules = "gpu_holders_kill + gpu_memory_assert"
     signalled = {p["pid"] for p in (holders.get("terminated") or []) + (holders.get("killed") or [])}
-    after = (steps.get("after") or {}).get("gpus") or []
-    return {"result": result.get("result"), "msg": result.get("msg"), "playbook_wall_s": round(wall, 3),
+    return {"modules": modules, "msg": result.get("msg"), "playbook_wall_s": [round(wall, 3) for wall in walls],
             "kept": sorted(p["pid"] for p in holders.get("kept") or []), "signalled": sorted(signalled),
             "holder_killed": bool(set(pids) & signalled), "sleeper_kept": sleeper_pid not in signalled and Path(f"/proc/{sleeper_pid}").exists(),
-            "left_mib": [gpu.get("left_mib") for gpu in after], "passed": result.get("result") == "done"}
+            "used_mib": [gpu.get("used_mib") for gpu in after.get("gpus") or []],
+            "left_mib": [gpu.get("left_mib") for gpu in after.get("gpus") or []], "passed": passed}
 
 
 def role_pinning(lab: Lab) -> dict:
@@ -246,7 +262,7 @@ def main(argv: list[str]) -> int:
         report["floor"] = floor(args.gib)
         sleeper, report["park"] = park_cycles(lab, args.gib, unit, placement)
         placed = report["park"]["placement"]
-        report["teardown"] = (teardown_beside(lab, unit, report["park"]["pid"], args.gib) if placed and not placed.startswith("none")
+        report["teardown"] = (teardown_beside(lab, unit, report["park"]["pid"], args.gib, placed) if placed and not placed.startswith("none")
                               else {"skipped": placed or "neither systemd nor a writable cgroup v2 hierarchy: no unit to keep"})
         sleeper.kill()
         sleeper.wait()
