@@ -138,9 +138,10 @@ class LeaseStore:
                 os.close(fd)
             if time.monotonic() >= deadline:
                 return Acquired(False, self._view(current), None, working=working)
+            self.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+            # asked after the sleep, right before the retry: a requester gone during it takes nothing freed during it
             if not still_wanted():
                 return Acquired(False, self._view(current), None, abandoned=True)
-            self.sleep(min(RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def release(self, owner: str, dry_run: bool = False) -> bool:
         fd = self._locked()

@@ -95,6 +95,24 @@ def test_a_wait_whose_requester_is_gone_ends_and_takes_nothing(store, monkeypatc
     assert leases.acquire("next-run", 60, 0).taken, "the lease was left free for the next run"
 
 
+def test_a_requester_gone_while_the_wait_sleeps_takes_nothing_freed_in_the_same_sleep(store):
+    """switch_faults' interrupted lease wait (a CI run, under load): the controller went away and the holder gave the
+    lease back within one retry's sleep. The retry must ask first, not take the lease for a run that no longer exists."""
+    leases, clock = store
+    leases.acquire("other-controller-run", 600, 0)
+    gone = []
+
+    def sleep(seconds):
+        clock.now += seconds
+        leases.release("other-controller-run")
+        gone.append(True)
+
+    leases.sleep = sleep
+    outcome = leases.acquire("interrupted-run", 60, wait_timeout=15, still_wanted=lambda: not gone)
+    assert outcome.abandoned and not outcome.taken
+    assert leases.held()["owner"] is None, "the lease stays free for the next run"
+
+
 def test_requester_gone_sees_the_far_end_of_the_output_close(tmp_path):
     """A real pipe, as a module's stdout is to sshd or to the controller's worker."""
     import os
