@@ -180,8 +180,8 @@ def teardown_beside(lab: Lab, unit: str, sleeper_pid: int, gib: int, placement: 
     else:
         holders, kill_wall = lab.module("gpu_holders_kill", {"kept_units": [unit], "outside_units": "kill", "term_timeout": 5})
         left = [holder["pid"] for holder in holders.get("kept") or []]
-        after, assert_wall = lab.module("gpu_memory_assert", {"left_pids": left, "expected_count": count, "max_used_mib": 512,
-                                                             "timeout": 60})
+        after, assert_wall = lab.module("gpu_memory_assert",
+                                        {"left_pids": left, "expected_count": count, "max_used_mib": 512, "timeout": 60})
         walls = [kill_wall, assert_wall]
         passed = not holders.get("failed") and not after.get("failed")
         result = {"msg": holders.get("msg") or after.get("msg")}
@@ -208,6 +208,7 @@ def role_pinning(lab: Lab) -> dict:
     lines = _engines.engine_facts(config, "vllm")["environment_lines"]
     return dict(line.strip('"').split("=", 1) for line in lines if line.strip('"').startswith("PYTORCH_CUDA_ALLOC_CONF="))
 
+
 # the checkpoint's driver: another process, as cuda-checkpoint is; one call of the API per line read
 CHECKPOINTER = r'''
 import ctypes, sys, time
@@ -229,12 +230,12 @@ def checkpoint(lab: Lab, gib: int) -> dict:
     pid = int(sleeper.stdout.readline().split()[1])
     driver = subprocess.Popen([sys.executable, "-c", CHECKPOINTER, str(pid)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     lab.started.append(driver)
-    _, init_code, has_api = driver.stdout.readline().split()
+    init_code, has_api = driver.stdout.readline().split()[1:3]
     if init_code != "0" or has_api != "1":
         return {"skipped": f"cuInit answered {init_code}" if init_code != "0" else "this driver has no checkpoint API (CUDA 12.8+ drivers)"}
     figures: dict = {"pid": pid, "before_mib": process_mib(pid), "before_nvidia_files": nvidia_files(pid)}
     for name in ("Lock", "Checkpoint", "Restore", "Unlock"):
-        _, code, seconds = ask(driver, name)
+        code, seconds = ask(driver, name)[1:3]
         figures[f"{name.lower()}_s"] = round(float(seconds), 3)
         figures[f"{name.lower()}_code"] = int(code)
         if name == "Checkpoint":
