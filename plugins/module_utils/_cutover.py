@@ -348,7 +348,7 @@ def park_previous(request: CutoverRequest, ops: NodeOps, result: dict) -> tuple[
         return ()
     parked = dict(parked, parked=True)
     result["park"] = parked
-    problems = park.gpu_room(parked.get("gpus") or [], parked.get("leftover_mib") or {}, request.target_memory_fraction)
+    problems = park.gpu_room(parked.get("gpus") or [], parked.get("leftover_mib") or {}, request.target_memory_fraction, request.target.engine)
     if problems:
         raise NotParked("; ".join(problems), park=parked)
     return (request.previous.unit,)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_demand import demand_fraction
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
 MODES = ("off", "auto", "required")
@@ -76,17 +77,19 @@ def host_room(available_bytes: int | None, weights_bytes: int | None, margin_mib
     return None
 
 
-def gpu_room(gpus: list[dict], leftover_mib: dict, fraction: float | None) -> list[str]:
-    """Per GPU: the target's demand (its memory fraction of the GPU) plus what the parked engine keeps there, within
-    the GPU. ``gpus``: [{index, total_mib}]; ``leftover_mib``: {index: MiB} (keys may be strings, as JSON has them)."""
-    if not fraction:
+def gpu_room(gpus: list[dict], leftover_mib: dict, fraction: float | None, target: str | None = None) -> list[str]:
+    """Per GPU: the target's demand (its memory fraction of the GPU, else its engine's own default) plus what the parked
+    engine keeps there, within the GPU. ``gpus``: [{index, total_mib}]; ``leftover_mib``: {index: MiB} (keys may be
+    strings, as JSON has them)."""
+    if not fraction and target is None:
         return []
     problems = []
     for gpu in gpus:
         left = int(leftover_mib.get(gpu["index"], leftover_mib.get(str(gpu["index"]), 0)) or 0)
         total = int(gpu.get("total_mib") or 0)
-        if left and total and fraction * total + left > total:
-            problems.append(f"GPU {gpu['index']}: the target's {fraction:g} x {total} MiB + {left} MiB kept by the parked engine > {total} MiB")
+        share = fraction or (demand_fraction(target, None, total)[0] if total else 0)
+        if left and total and share * total + left > total:
+            problems.append(f"GPU {gpu['index']}: the target's {share:g} x {total} MiB + {left} MiB kept by the parked engine > {total} MiB")
     return problems
 
 
@@ -160,10 +163,10 @@ def remembered(history: dict, engine: str, parked: dict) -> dict:
     return dict(history, **{engine: {key: parked.get(key) for key in keep}})
 
 
-def room_by_history(history: dict, engine: str, fraction: float | None) -> str | None:
+def room_by_history(history: dict, engine: str, fraction: float | None, target: str | None = None) -> str | None:
     """Why the target would not fit beside ``engine`` parked, from what its last park on this node left, or None."""
     last = history.get(engine) or {}
-    problems = gpu_room(last.get("gpus") or [], last.get("leftover_mib") or {}, fraction)
+    problems = gpu_room(last.get("gpus") or [], last.get("leftover_mib") or {}, fraction, target)
     if problems:
         return f"{'; '.join(problems)} (what {engine}'s last park on this node left)"
     return None

@@ -18,6 +18,7 @@ import pwd
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_demand import DEMAND_BASIS, demand_fraction
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
@@ -76,6 +77,8 @@ class Request:
     # None: the engine's default where it has a fixed one
     memory_fraction: float | None = None
     device_paths: list = field(default_factory=list)  # the device files whose holders count; empty: the driver's
+    # the engine serving now, when it is another: its way back must fit beside the holders report mode leaves
+    previous: EngineDemand | None = None
 
     @classmethod
     def from_params(cls, params: dict) -> Request:
@@ -104,22 +107,42 @@ class Request:
                    version_timeout=params["version_timeout"], units=list(params.get("units") or []),
                    owners=list(params.get("owners") or []), outside_units=params.get("outside_units") or "fail",
                    holder_gpus=list(params.get("gpus") or []), device_paths=list(params.get("device_paths") or []),
-                   memory_fraction=memory_fraction(params.get("memory_fraction")))
+                   memory_fraction=memory_fraction(params.get("memory_fraction")),
+                   previous=EngineDemand.from_params(params.get("previous"), params["engine"]))
 
 
-# vLLM's default --gpu-memory-utilization (vllm/config/cache.py); SGLang sizes --mem-fraction-static itself
-DEFAULT_MEMORY_FRACTION = {"vllm": 0.92}
+@dataclass(frozen=True)
+class EngineDemand:
+    """What an engine takes of each GPU it uses: its configured share (None: the engine's own default) and where it runs."""
+
+    engine: str
+    fraction: float | None = None
+    gpus_needed: int = 1
+    visible_devices: list | None = None
+
+    @classmethod
+    def from_params(cls, value: dict | None, target: str) -> EngineDemand | None:
+        """The previous engine's demand; none when there is none, or when it is the target (a change in place: its way
+        back is the configuration it replaces, whose share is not known here)."""
+        if not value or not value.get("engine") or value["engine"] == target:
+            return None
+        if value["engine"] not in DEMAND_BASIS:
+            raise InvalidInput(f"previous.engine: {value['engine']!r} is not one of {', '.join(DEMAND_BASIS)}")
+        visible = value.get("visible_devices")
+        return cls(engine=value["engine"], fraction=memory_fraction(value.get("memory_fraction"), "previous.memory_fraction"),
+                   gpus_needed=int(value.get("gpus_needed") or 1),
+                   visible_devices=[d.strip() for d in str(visible).split(",") if d.strip()] if visible else None)
 
 
-def memory_fraction(value) -> float | None:
+def memory_fraction(value, name: str = "memory_fraction") -> float | None:
     if value is None or value == "":
         return None
     try:
         fraction = float(value)
     except (TypeError, ValueError):
-        raise InvalidInput(f"memory_fraction: {value!r} is not a number") from None
+        raise InvalidInput(f"{name}: {value!r} is not a number") from None
     if not 0 < fraction <= 1:
-        raise InvalidInput(f"memory_fraction: must be more than 0 and at most 1, got {value!r}")
+        raise InvalidInput(f"{name}: must be more than 0 and at most 1, got {value!r}")
     return fraction
 
 
@@ -201,37 +224,60 @@ def check_holders(request: Request, foreign: list, escaped: list, describe, rest
 
 def target_gpus(request: Request, gpus: list[dict]) -> list[dict]:
     """The GPUs the target will use: those its visible devices name (index or UUID), else the first gpus_needed."""
-    if request.visible_devices:
-        wanted = set(request.visible_devices)
+    return engine_gpus(request.visible_devices, request.gpus_needed, gpus)
+
+
+def engine_gpus(visible_devices: list | None, gpus_needed: int, gpus: list[dict]) -> list[dict]:
+    if visible_devices:
+        wanted = set(visible_devices)
         return [gpu for gpu in gpus if str(gpu["index"]) in wanted or gpu.get("uuid") in wanted]
-    return sorted(gpus, key=lambda gpu: gpu["index"])[:request.gpus_needed]
+    return sorted(gpus, key=lambda gpu: gpu["index"])[:gpus_needed]
 
 
-def check_fit(request: Request, gpus: list[dict]) -> Check | None:
-    """outside_units=report: the target must fit beside the foreign holders it leaves running, on each of its GPUs.
-
-    gpus: [{index, total_mib, foreign_mib, foreign_pids}] from NVML. The engine takes memory_fraction of each GPU's
-    total and refuses to start where less is free (vLLM's own check), so the switch refuses first, before the drain.
-    """
-    if request.outside_units != "report" or not any(gpu["foreign_mib"] for gpu in gpus):
-        return None
-    fraction = request.memory_fraction or DEFAULT_MEMORY_FRACTION.get(request.engine)
-    if fraction is None:
-        return Check("fit", True, f"{request.engine} sizes its memory itself: the fit beside other users' GPU processes is not checked "
-                                  "(set its memory fraction for the switch to check it)", skipped=True)
-    short = []
-    for gpu in target_gpus(request, gpus):
+def shortfalls(demand: EngineDemand, gpus: list[dict]) -> tuple[list[str], list[str]]:
+    """On each GPU the engine uses that another user's process holds memory on: what the engine needs and what is left.
+    Returns the GPUs where it does not fit and the shares it was judged by."""
+    short, shares = [], []
+    for gpu in engine_gpus(demand.visible_devices, demand.gpus_needed, gpus):
         if not gpu["foreign_mib"] or not gpu.get("total_mib"):
             continue
+        fraction, basis = demand_fraction(demand.engine, demand.fraction, gpu["total_mib"])
+        shares.append(f"{fraction:g} {basis}")
         needed = round(gpu["total_mib"] * fraction)
         left = gpu["total_mib"] - gpu["foreign_mib"]
         if needed > left:
-            short.append(f"GPU {gpu['index']}: {request.engine} needs {fraction:g} x {gpu['total_mib']} = {needed} MiB, "
+            short.append(f"GPU {gpu['index']}: {demand.engine} needs {fraction:g} ({basis}) x {gpu['total_mib']} = {needed} MiB, "
                          f"{gpu['foreign_mib']} MiB held by pid(s) {', '.join(str(pid) for pid in gpu['foreign_pids'])} leave {left} MiB")
+    return short, sorted(set(shares))
+
+
+def check_fit(request: Request, gpus: list[dict]) -> Check | None:
+    """outside_units=report: the target must fit beside the foreign holders it leaves running, on each of its GPUs, and so
+    must the way back - the previous engine started again (a rollback) - or the node could end with no engine.
+
+    gpus: [{index, total_mib, foreign_mib, foreign_pids}] from NVML. Each engine takes its share of each GPU's total
+    (demand_fraction: its setting, else its own default); the switch refuses before the drain where either cannot.
+    """
+    if request.outside_units != "report" or not any(gpu["foreign_mib"] for gpu in gpus):
+        return None
+    target = EngineDemand(request.engine, request.memory_fraction, request.gpus_needed, request.visible_devices)
+    short, shares = shortfalls(target, gpus)
+    back, back_shares = shortfalls(request.previous, gpus) if request.previous else ([], [])
+    way_back = (f"the way back does not fit either: {'; '.join(back)}" if back else
+                f"the way back fits ({request.previous.engine} at {', '.join(back_shares) or 'its share'})" if request.previous else "")
     if short:
         return Check("fit", False, f"the target cannot fit beside the GPU processes outside_units=report leaves running: "
-                                   f"{'; '.join(short)}. Nothing was touched: lower its memory fraction, or free those GPUs")
-    return Check("fit", True, f"the target fits beside the GPU processes left running ({fraction:g} of each GPU)")
+                                   f"{'; '.join(short)}{'; ' + way_back if way_back else ''}. Nothing was touched: "
+                                   + ("set its memory fraction (SGLang's own default was judged at the most it can take)"
+                                      if DEMAND_BASIS["sglang"] in " ".join(short) else "lower its memory fraction")
+                                   + ", or free those GPUs")
+    if back:
+        return Check("fit", False, f"the way back cannot fit beside the GPU processes outside_units=report leaves running: should "
+                                   f"{request.engine} fail to start, {request.previous.engine} could not start again - {'; '.join(back)}; the "
+                                   f"target fits ({', '.join(shares)}). Nothing was touched: free those GPUs, or lower "
+                                   f"{request.previous.engine}'s memory fraction first")
+    fits = f"the target fits beside the GPU processes left running ({', '.join(shares) or 'on GPUs they do not hold'})"
+    return Check("fit", True, fits + (f"; {way_back}" if way_back else ""))
 
 
 def check_gpus(request: Request, nvml_count: int | None, error: str | None = None) -> Check:

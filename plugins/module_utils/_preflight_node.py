@@ -45,6 +45,8 @@ OPTIONS = dict(
     gpus=dict(type="list", elements="str", default=[]),
     device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
     memory_fraction=dict(type="float"),
+    previous=dict(type="dict", options=dict(engine=dict(type="str", choices=["vllm", "sglang"]), memory_fraction=dict(type="float"),
+                                            gpus_needed=dict(type="int", default=1), visible_devices=dict(type="str"))),
     model_dir=dict(type="path"),
     draft_model_dir=dict(type="path"),
 )

@@ -220,7 +220,7 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
               or park.host_room((node.host or {}).get("available_bytes"), (node.sizes or {}).get(previous_facts.get("model_path") or ""),
                                 settings.park_margin_mib)
               # per GPU, by what its last park here left (measured); the cutover checks again with what this one leaves
-              or park.room_by_history(node.park_history or {}, previous, target.get("memory_fraction")))
+              or park.room_by_history(node.park_history or {}, previous, target.get("memory_fraction"), settings.target))
     if reason is None and target.get("visible_devices") != previous_facts.get("visible_devices"):
         reason = "the target and the previous engine are pinned to different GPUs (CUDA_VISIBLE_DEVICES): nothing to give back"
     if reason:

@@ -126,7 +126,11 @@ def main(argv: list[str]) -> None:
 
         for spec in args.alloc:
             gpu, mib = spec.split(":")
-            nvml_sim.allocate(args.sim_root, int(gpu), int(mib), holders, reported_pid=os.getpid())
+            try:
+                nvml_sim.allocate(args.sim_root, int(gpu), int(mib), holders, reported_pid=os.getpid())
+            except nvml_sim.OutOfMemory as exc:  # as a real GPU refuses it
+                print(exc, file=sys.stderr, flush=True)
+                sys.exit(1)
     if args.user:  # after the files and the simulated allocation, which need root
         account = pwd.getpwnam(args.user)
         os.setgroups([])

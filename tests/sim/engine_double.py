@@ -107,6 +107,17 @@ def read_weights(paths: list[str]) -> tuple[int, float]:
     return total, time.monotonic() - started
 
 
+def sglang_default_fraction(total_mib: int, tp: int, speculative: bool) -> float:
+    """SGLang's --mem-fraction-static when none is given (ServerArgs._handle_gpu_memory_settings): the GPU's size less
+    what it reserves for metadata, a prefill's activations and CUDA graphs, at least 10 GiB on a GPU over 60 GiB."""
+    chunked, graphs = (8192, 256 if tp < 4 else 512) if total_mib >= 60 * 1024 else (4096, 32 if tp < 4 else 160)
+    reserved = 512 + max(chunked, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
+    if total_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    reserved += 2 * 1024 if speculative else 0
+    return round((total_mib - reserved) / total_mib, 3)
+
+
 class Settings:
     """What the double needs from the parsed command line, in one shape for both engines."""
 
@@ -139,7 +150,8 @@ class Settings:
             self.api_key = args.api_key
             self.speculative = bool(args.speculative_algorithm)
             self.draft_model = args.speculative_draft_model_path
-            self.memory_fraction = float(args.mem_fraction_static or 0.88)
+            # None: derived per GPU at start, as SGLang does (sglang_default_fraction)
+            self.memory_fraction = float(args.mem_fraction_static) if args.mem_fraction_static else None
             self.drain_timeout = None  # unbounded, as SGLang's sigterm_watchdog
             self.metrics = bool(args.enable_metrics)
             self.context = int(args.context_length) if args.context_length and str(args.context_length).isdigit() else 32768
@@ -183,12 +195,13 @@ class Server:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
             total_mib, used_mib = memory.total >> 20, memory.used >> 20
-            if used_mib > total_mib * (1 - self.settings.memory_fraction) and not self.faults.get("ignore_busy_gpus"):
+            fraction = self.settings.memory_fraction or sglang_default_fraction(total_mib, self.settings.tp, self.settings.speculative)
+            if used_mib > total_mib * (1 - fraction) and not self.faults.get("ignore_busy_gpus"):
                 fail(f"ValueError: Free memory on device cuda:{rank} ({(total_mib - used_mib) / 1024:.2f}/{total_mib / 1024:.2f} GiB) on "
-                     f"startup is less than desired GPU memory utilization ({self.settings.memory_fraction}, "
-                     f"{total_mib * self.settings.memory_fraction / 1024:.2f} GiB).")
+                     f"startup is less than desired GPU memory utilization ({fraction}, "
+                     f"{total_mib * fraction / 1024:.2f} GiB).")
             spec = {"engine": self.settings.engine, "rank": rank, "gpu": index, "minor": pynvml.nvmlDeviceGetMinorNumber(handle),
-                    "mib": int(total_mib * self.settings.memory_fraction), "faults": self.faults,
+                    "mib": int(total_mib * fraction), "faults": self.faults,
                     "escape": rank == len(indexes) - 1 and bool(self.faults.get("escape_worker"))}
             scoped = rank == len(indexes) - 1 and bool(self.faults.get("scope_worker"))
             spec["survive"] = spec["escape"] or scoped  # nothing makes it exit with the server
@@ -428,7 +441,15 @@ def worker_main(spec: dict) -> None:
             os._exit(0)  # the server loses track of it; it is reparented to PID 1
     set_title(f"VLLM::Worker_TP{spec['rank']}" if spec["engine"] == "vllm" else f"sglang::scheduler_TP{spec['rank']}")
     held = [open(DEV / f"nvidia{spec['minor']}", "rb"), open(DEV / "nvidiactl", "rb"), open(DEV / "nvidia-uvm", "rb")]  # noqa: SIM115
-    allocation = nvml_sim.allocate(NVML_ROOT, spec["gpu"], spec["mib"], [os.getpid()], linger_ms=int(faults.get("release_delay_ms", 0)))
+    linger_ms = int(faults.get("release_delay_ms", 0))
+    try:
+        allocation = nvml_sim.allocate(NVML_ROOT, spec["gpu"], spec["mib"], [os.getpid()], linger_ms=linger_ms)
+    except nvml_sim.OutOfMemory as exc:
+        if not faults.get("ignore_busy_gpus"):
+            fail(f"torch.OutOfMemoryError: {exc}")
+        # told to start beside another engine: it takes what is left, as an engine sized by free memory would
+        used, total = nvml_sim.used_mib(NVML_ROOT, spec["gpu"])
+        allocation = nvml_sim.allocate(NVML_ROOT, spec["gpu"], max(total - used, 0), [os.getpid()], linger_ms=linger_ms)
     if faults.get("leak_mib"):
         nvml_sim.allocate(NVML_ROOT, spec["gpu"], int(faults["leak_mib"]), [], leak=True)
     parent = os.getppid()

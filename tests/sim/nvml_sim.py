@@ -136,6 +136,80 @@ class SimNvml:
 _serial = itertools.count()
 
 
+class OutOfMemory(RuntimeError):
+    """An allocation beyond what the GPU has left, refused as a real GPU's cudaMalloc refuses it."""
+
+
+def _holder_alive(word: str) -> bool:
+    pid, _, start = word.partition(":")
+    try:
+        return process_start_time(int(pid)) == int(start)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def used_mib(root: Path, gpu: int) -> tuple[int, int]:
+    """(used, total) MiB of one GPU as the library counts them: the reserved and leaked memory, and each allocation
+    while a holder lives, while it lingers after the last one, or forever when leaked."""
+    root = Path(root)
+    total = reserved = 0
+    gpu_lines = [line for line in (root / "state").read_text(encoding="ascii").splitlines() if line.startswith("gpu ")]
+    if 0 <= gpu < len(gpu_lines):  # listed in NVML index order
+        words = dict(word.split("=", 1) for word in gpu_lines[gpu].split() if "=" in word)
+        total = int(words.get("total_mib", 0))
+        reserved = int(words.get("reserved_mib", 0)) + int(words.get("leaked_mib", 0))
+    used = reserved
+    for path in (root / "alloc").iterdir():
+        if path.name.startswith("."):
+            continue
+        try:
+            words = path.read_text(encoding="ascii").split()
+        except (FileNotFoundError, UnicodeDecodeError):
+            continue
+        fields = dict(word.split("=", 1) for word in words if "=" in word)
+        if int(fields.get("gpu", -1)) != gpu:
+            continue
+        holders = [word[len("holder="):] for word in words if word.startswith("holder=")]
+        lingering = path.with_name(f".{path.name}.gone")
+        if (fields.get("leak") == "1" or any(_holder_alive(holder) for holder in holders)
+                or (int(fields.get("linger_ms", 0)) and not lingering.exists())
+                or (lingering.exists() and _lingers(lingering, int(fields.get("linger_ms", 0))))):
+            used += int(fields.get("mib", 0))
+    return used, total
+
+
+def _lingers(marker: Path, linger_ms: int) -> bool:
+    import time
+
+    try:
+        gone_ms = int(marker.read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return time.time() * 1000 - gone_ms < linger_ms
+
+
+class _CapacityLock:
+    """One allocation at a time decides against the GPU's capacity (engines run as their own users: any may lock)."""
+
+    def __init__(self, root: Path):
+        self.path = Path(root) / "alloc" / ".capacity.lock"
+
+    def __enter__(self):
+        import fcntl
+
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            if os.fstat(self.fd).st_uid == os.geteuid():
+                os.fchmod(self.fd, 0o666)
+        except PermissionError:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *_exc):
+        os.close(self.fd)
+
+
 def allocate(root: Path, gpu: int, mib: int, holders: list[int], reported_pid: int | None = None, kind: str = "compute",
              linger_ms: int = 0, leak: bool = False, unknown_used: bool = False) -> Path:
     """Record memory on GPU `gpu` kept alive by `holders`, listed by NVML under reported_pid (default: first holder).
@@ -144,6 +218,15 @@ def allocate(root: Path, gpu: int, mib: int, holders: list[int], reported_pid: i
     leak: memory stays used with no holder at all, until the allocation file is removed.
     unknown_used: NVML lists the process's memory as NVML_VALUE_NOT_AVAILABLE (2**64 - 1), as broken drivers do.
     """
+    with _CapacityLock(root):
+        used, total = used_mib(root, gpu)
+        if total and used + mib > total:
+            raise OutOfMemory(f"CUDA out of memory: tried to allocate {mib} MiB on GPU {gpu}, which has {total} MiB in all "
+                              f"and {max(total - used, 0)} MiB free")
+        return _write_allocation(root, gpu, mib, holders, reported_pid, kind, linger_ms, leak, unknown_used)
+
+
+def _write_allocation(root, gpu, mib, holders, reported_pid, kind, linger_ms, leak, unknown_used) -> Path:
     reported = reported_pid if reported_pid is not None else (holders[0] if holders else 0)
     holder_words = " ".join(f"holder={pid}:{process_start_time(pid)}" for pid in holders)
     holder_words += f" linger_ms={linger_ms}" if linger_ms else ""
@@ -160,6 +243,19 @@ def allocate(root: Path, gpu: int, mib: int, holders: list[int], reported_pid: i
 def resize(path: Path, mib: int) -> None:
     """Change an allocation's memory in place (an engine that parks keeps its context and gives the rest back)."""
     path = Path(path)
+    old = path.read_text(encoding="ascii").split()
+    fields = dict(word.split("=", 1) for word in old if "=" in word)
+    if mib > int(fields["mib"]):  # a wake takes its memory back: only what is free
+        with _CapacityLock(path.parent.parent):
+            used, total = used_mib(path.parent.parent, int(fields["gpu"]))
+            if total and used - int(fields["mib"]) + mib > total:
+                raise OutOfMemory(f"CUDA out of memory: tried to allocate {mib - int(fields['mib'])} MiB on GPU {fields['gpu']}, "
+                                  f"which has {max(total - used, 0)} MiB free")
+            return _rewrite(path, mib)
+    return _rewrite(path, mib)
+
+
+def _rewrite(path: Path, mib: int) -> None:
     words = [f"mib={mib}" if word.startswith("mib=") else word for word in path.read_text(encoding="ascii").split()]
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(" ".join(words) + "\n", encoding="ascii")

@@ -38,7 +38,12 @@ def test_the_room_checks_give_their_figures():
     gpus = [{"index": 0, "total_mib": 100000}, {"index": 1, "total_mib": 100000}]
     assert park.gpu_room(gpus, {"0": 5000, "1": 15000}, 0.9) == [
         "GPU 1: the target's 0.9 x 100000 MiB + 15000 MiB kept by the parked engine > 100000 MiB"]
-    assert park.gpu_room(gpus, {0: 5000}, None) == [], "no fraction given: the engine's own check decides"
+    assert park.gpu_room(gpus, {0: 5000}, None) == [], "no fraction and no engine: nothing to judge by"
+    # no fraction: the engine's own default - vLLM's 0.92, SGLang's most (total - 10 GiB on a GPU over 60 GiB: 0.898)
+    assert park.gpu_room(gpus, {0: 5000, 1: 9000}, None, "vllm") == [
+        "GPU 1: the target's 0.92 x 100000 MiB + 9000 MiB kept by the parked engine > 100000 MiB"]
+    assert park.gpu_room(gpus, {0: 5000, 1: 11000}, None, "sglang") == [
+        "GPU 1: the target's 0.898 x 100000 MiB + 11000 MiB kept by the parked engine > 100000 MiB"]
 
 
 def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
@@ -87,7 +92,10 @@ def test_the_planner_parks_where_the_engine_and_the_host_allow_and_says_why_not_
 def test_the_planner_checks_each_gpu_by_what_the_engines_last_park_left_before_anything_is_drained():
     history = park.remembered({}, "vllm", {"leftover_mib": {"0": 30000}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
     found = plan(park_history=history)["park"]
-    assert found["previous"] == "park", "the target's memory fraction is its engine's default: the engine's own check decides"
+    assert found["previous"] == "stop" and found["reason"].startswith("GPU 0: the target's 0.898 x 100000 MiB + 30000 MiB"), (
+        "the target's memory fraction is its engine's default: SGLang's most (0.898 of 100000 MiB) is judged")
+    light = park.remembered({}, "vllm", {"leftover_mib": {"0": 600}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
+    assert plan(park_history=light)["park"]["previous"] == "park"
     engines_fraction = plan(park_history=history, target_fraction=0.9)["park"]
     assert engines_fraction["previous"] == "stop" and engines_fraction["reason"] == (
         "GPU 0: the target's 0.9 x 100000 MiB + 30000 MiB kept by the parked engine > 100000 MiB (what vllm's last park on this node left)")

@@ -128,15 +128,14 @@ def gpus_beside(foreign_mib: dict[int, int], total_mib: int = 81559) -> list[dic
 def test_with_report_the_target_must_fit_beside_the_processes_left_running_on_each_of_its_gpus():
     """outside_units=report: another user's 8000 MiB on GPU 1 leaves 73559 MiB; vLLM's default 0.92 of 81559 MiB is
     75034 MiB: refused before the drain, with the figures. At 0.85 it fits; a job on a GPU the target does not use
-    (visible devices 0,2) is no concern; SGLang sizes itself: not checked, said so; fail and kill never ask."""
+    (visible devices 0,2) is no concern; fail and kill never ask."""
     refused = check_fit(request(outside_units="report", gpus_needed=2), gpus_beside({1: 8000}))
     assert not refused.passed and refused.name == "fit"
-    assert "GPU 1: vllm needs 0.92 x 81559 = 75034 MiB, 8000 MiB held by pid(s) 4242 leave 73559 MiB" in refused.detail
+    assert ("GPU 1: vllm needs 0.92 (vLLM's default --gpu-memory-utilization) x 81559 = 75034 MiB, 8000 MiB held by pid(s) 4242 "
+            "leave 73559 MiB") in refused.detail
     assert "Nothing was touched" in refused.detail
     assert check_fit(request(outside_units="report", gpus_needed=2, memory_fraction=0.85), gpus_beside({1: 8000})).passed
     assert check_fit(request(outside_units="report", gpus_needed=2, visible_devices="0,2"), gpus_beside({1: 8000})).passed
-    sglang = check_fit(request(engine="sglang", outside_units="report"), gpus_beside({1: 8000}))
-    assert sglang.passed and sglang.skipped and "not checked" in sglang.detail
     assert check_fit(request(outside_units="fail"), gpus_beside({1: 8000})) is None
     assert check_fit(request(outside_units="report"), gpus_beside({})) is None
     with pytest.raises(InvalidInput, match="memory_fraction: must be more than 0 and at most 1, got 1.5"):
@@ -152,3 +151,41 @@ def test_a_holder_the_teardown_would_refuse_to_kill_alone_fails_the_preflight_na
     assert check.detail.startswith("GPU holders run as the main process of sidecar.service (Restart=always), which systemd would start again (pid 77)")
     assert "Nothing was touched" in check.detail
     assert check_holders(request(outside_units="kill"), [], [], lambda holders: "", []).passed
+
+
+def test_sglang_at_its_own_default_is_judged_by_the_most_its_derivation_can_take():
+    """SGLang without --mem-fraction-static derives its share at start and reserves at least 10 GiB on a GPU of more than
+    60 GiB: on an H200 (143771 MiB) it takes at most 0.929. A job of 8000 MiB leaves room for that; 20000 MiB does not.
+    On a 40 GiB GPU the floor is 3712 MiB (0.909)."""
+    fits = check_fit(request(engine="sglang", outside_units="report", gpus_needed=8), gpus_beside({7: 8000}, total_mib=143771))
+    assert fits.passed and not fits.skipped and "0.929 at most, by SGLang's own derivation at start" in fits.detail
+    refused = check_fit(request(engine="sglang", outside_units="report", gpus_needed=8), gpus_beside({7: 20000}, total_mib=143771))
+    assert not refused.passed
+    assert ("GPU 7: sglang needs 0.929 (at most, by SGLang's own derivation at start) x 143771 = 133563 MiB, 20000 MiB held by "
+            "pid(s) 4242 leave 123771 MiB") in refused.detail
+    small = check_fit(request(engine="sglang", outside_units="report"), gpus_beside({0: 4000}, total_mib=40960))
+    assert not small.passed and "0.909" in small.detail
+    assert check_fit(request(engine="sglang", outside_units="report", memory_fraction=0.8), gpus_beside({0: 20000}, total_mib=143771)).passed
+
+
+def test_with_report_the_way_back_must_fit_too_before_anything_is_touched():
+    """The previous engine started again by a rollback meets the same holders: with a vLLM at 0.92 beside a 20000 MiB job
+    the way back cannot fit even when the target (SGLang at 0.8) does, and the switch is refused with both engines' figures;
+    a previous vLLM at 0.8 fits, and says so. The previous engine's own GPUs count (visible devices), not the target's."""
+    beside = gpus_beside({7: 20000}, total_mib=143771)
+    target = {"engine": "sglang", "outside_units": "report", "gpus_needed": 8, "memory_fraction": 0.8}
+    refused = check_fit(request(**target, previous={"engine": "vllm", "gpus_needed": 8}), beside)
+    assert not refused.passed
+    assert "the way back cannot fit" in refused.detail and "vllm could not start again" in refused.detail
+    assert "GPU 7: vllm needs 0.92 (vLLM's default --gpu-memory-utilization) x 143771 = 132269 MiB" in refused.detail
+    assert "the target fits (0.8 as configured)" in refused.detail and "Nothing was touched" in refused.detail
+    fits = check_fit(request(**target, previous={"engine": "vllm", "gpus_needed": 8, "memory_fraction": 0.8}), beside)
+    assert fits.passed and "the way back fits (vllm at 0.8 as configured)" in fits.detail
+    elsewhere = check_fit(request(**target, previous={"engine": "vllm", "gpus_needed": 4, "visible_devices": "0,1,2,3"}), beside)
+    assert elsewhere.passed, "the previous engine does not use GPU 7"
+    both = check_fit(request(engine="sglang", outside_units="report", gpus_needed=8, previous={"engine": "vllm", "gpus_needed": 8}), beside)
+    assert not both.passed and "the target cannot fit" in both.detail and "the way back does not fit either: GPU 7: vllm needs" in both.detail
+    in_place = request(engine="vllm", outside_units="report", previous={"engine": "vllm"})
+    assert in_place.previous is None, "a change in place: the configuration it replaces is not known here"
+    with pytest.raises(InvalidInput, match="previous.memory_fraction: must be more than 0 and at most 1, got 2"):
+        request(engine="sglang", previous={"engine": "vllm", "memory_fraction": 2})
