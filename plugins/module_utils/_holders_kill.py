@@ -138,11 +138,16 @@ def _protected_pid(pid: int, reader: ProcReader) -> int:
     return pid
 
 
+# why an NVML PID was not used when the module runs in a PID namespace (stale_nvml_pids' reason)
+HOST_PID = "a host PID seen from inside a PID namespace: not used"
+
+
 def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_pid: int | None = None,
-            restart_policy: Callable[[str], tuple[str, int]] | None = None) -> KillPlan:
+            restart_policy: Callable[[str], tuple[str, int]] | None = None, init_pid_namespace: Callable[[], bool] | None = None) -> KillPlan:
     """Find every holder of the selected GPUs and decide, for each, target, protected or left alone.
 
-    restart_policy(unit) gives a service's Restart= setting and main PID (("", 0) where systemd does not run).
+    restart_policy(unit) gives a service's Restart= setting and main PID (("", 0) where systemd does not run);
+    init_pid_namespace() whether this process sees the host's PIDs, as NVML reports them (default: read from /proc).
     """
     warnings = []
     inventory = None
@@ -164,16 +169,20 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     if "nvml" in request.sources and inventory:
         # every GPU's list: it places processes on GPUs, which the selection below needs
         listed = [NvmlProcess(gpu["index"], p["pid"], p["used_mib"], p["type"]) for gpu in inventory["gpus"] for p in gpu["processes"]]
-        stale = [entry for entry in cross_check_nvml(listed, scanner, scan, reader)
-                 if selected_indexes is None or entry["gpu"] in selected_indexes]
+        if (in_init_pid_namespace if init_pid_namespace is None else init_pid_namespace)():
+            stale = cross_check_nvml(listed, scanner, scan, reader)
+        else:
+            # NVML reports the host's PIDs: here the same number may be another process, so none selects anything; the
+            # device files found by fd and mmap decide alone
+            stale = [{"pid": process.pid, "gpu": process.gpu, "used_mib": process.used_mib, "reason": HOST_PID} for process in listed]
+            if listed:
+                warnings.append(f"this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs "
+                                f"{', '.join(sorted({str(process.pid) for process in listed}, key=int))} were not used to place or "
+                                "select holders (the device files found by fd and mmap decide), and were not signalled")
+        stale = [entry for entry in stale if selected_indexes is None or entry["gpu"] in selected_indexes]
         implausible = [str(entry["pid"]) for entry in stale if entry["reason"] == IMPLAUSIBLE_PID]
         if implausible:
             warnings.append(f"NVML listed implausible PIDs {', '.join(implausible)}: ignored, never signalled")
-        unconfirmed = [str(entry["pid"]) for entry in stale if entry["reason"] != IMPLAUSIBLE_PID]
-        if unconfirmed and not in_init_pid_namespace():
-            # only then does the namespace change the outcome: these may be live holders seen under their host PIDs
-            warnings.append(f"this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs {', '.join(unconfirmed)} "
-                            "are not processes of this namespace and were not signalled")
     if inventory is None:
         warnings.append("NVML not queried: holders are reported by device file, without GPU indexes")
 

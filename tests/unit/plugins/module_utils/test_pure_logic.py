@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -264,26 +266,61 @@ def unused_plausible_pid() -> int:
     return pid
 
 
+class _TwoGpuNvml(_Nvml):
+    """An NVML client that lists the given processes on GPU 1 (minor 1), beside an empty GPU 0."""
+
+    def inventory(self):
+        return {"gpus": [{"index": 0, "uuid": "GPU-0", "minor": 0, "processes": []},
+                         {"index": 1, "uuid": "GPU-1", "minor": 1, "processes": self.processes}]}
+
+
 @pytest.mark.covers("G8")
-@pytest.mark.parametrize(("namespaced", "listed", "warned"), [
-    (True, False, False),  # the lab's case: a PID namespace, NVML lists nothing unconfirmed - nothing to say
-    (False, True, False),  # the init namespace: an NVML pid /proc does not confirm is simply stale
-    (True, True, True),  # in a PID namespace it may be a live holder seen under its host pid: said, and never a target
-])
-def test_the_pid_namespace_warning_only_where_it_changes_the_outcome(monkeypatch, tmp_path, namespaced, listed, warned):
+@pytest.mark.parametrize("namespaced", [False, True])
+def test_in_a_pid_namespace_nvml_pids_select_nothing(tmp_path, namespaced):
+    """G8, the wrong-target kill: NVML lists on GPU 1 a number that, where this module runs, belongs to a process holding
+    only GPU 0's device file. In the host's namespace NVML's word is the host's truth and places it on GPU 1 (the control
+    case, so the test can fail); inside a PID namespace the number is another process's: it selects nothing, it is not
+    signalled, and the warning says why."""
     from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
     from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
-    monkeypatch.setattr(_holders_kill, "in_init_pid_namespace", lambda: not namespaced)
+    for name in ("nvidia0", "nvidia1"):
+        (tmp_path / name).write_bytes(b"")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)",
+                               str(tmp_path / "nvidia0")], stdout=subprocess.PIPE, text=True)
+    # the module's stand-in: a sibling of the holder, so that the holder is not among the module's own descendants
+    module = subprocess.Popen(["sleep", "60"])
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        request = _holders_kill.KillRequest(gpus=["1"], device_paths=[str(tmp_path / "nvidia*")], sources=["proc", "nvml"], protected=[],
+                                            protected_pids=[], term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False,
+                                            nvml_timeout=5, lock_timeout=1, outside_units="kill")
+        plan = _holders_kill.observe(request, _TwoGpuNvml([{"pid": holder.pid, "used_mib": 10, "type": "compute"}]), ProcReader(),
+                                     self_pid=module.pid, init_pid_namespace=lambda: not namespaced)
+        if not namespaced:
+            assert [target["pid"] for target in plan.targets] == [holder.pid], "the host's NVML places its own PID on GPU 1"
+            return
+        assert plan.targets == [] and plan.ambiguous == [], plan.targets
+        assert plan.stale_nvml_pids == [{"pid": holder.pid, "gpu": 1, "used_mib": 10, "reason": _holders_kill.HOST_PID}]
+        assert any(f"NVML PIDs {holder.pid} were not used to place or select holders" in warning for warning in plan.warnings)
+        assert holder.poll() is None
+    finally:
+        for process in (holder, module):
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.covers("G8")
+def test_outside_a_pid_namespace_an_unconfirmed_nvml_pid_is_stale_and_nothing_is_said(tmp_path):
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
+    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
     (tmp_path / "nvidia0").write_bytes(b"")
     pid = unused_plausible_pid()
-    processes = [{"pid": pid, "used_mib": 10, "type": "compute"}] if listed else []
     request = _holders_kill.KillRequest(gpus=None, device_paths=[str(tmp_path / "nvidia*")], sources=["proc", "nvml"], protected=[],
                                         protected_pids=[], term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False,
                                         nvml_timeout=5, lock_timeout=1, outside_units="kill")
-    plan = _holders_kill.observe(request, _Nvml(processes), ProcReader())
-    assert any(f"NVML PIDs {pid} are not processes of this namespace" in warning for warning in plan.warnings) is warned, plan.warnings
-    assert plan.targets == [], "an NVML pid /proc does not confirm is never signalled, even with outside_units=kill"
-    assert [entry["pid"] for entry in plan.stale_nvml_pids] == ([pid] if listed else [])
+    plan = _holders_kill.observe(request, _Nvml([{"pid": pid, "used_mib": 10, "type": "compute"}]), ProcReader(), init_pid_namespace=lambda: True)
+    assert plan.targets == [] and [entry["pid"] for entry in plan.stale_nvml_pids] == [pid]
+    assert not any("PID namespace" in warning for warning in plan.warnings)
 
 
 def _kill_request(**params):
