@@ -156,6 +156,7 @@ class HolderScanner:
         self.by_fd_key = {node.fd_key: node for node in nodes}
         self.by_map_key = {node.map_key: node for node in nodes}
         self.minor_by_path = {node.path: node.gpu_minor for node in nodes}
+        self.paths = {node.path for node in nodes}
         self.map_tokens = {f" {node.map_key[1]} ".encode() for node in nodes}
 
     def scan(self, pids: list[int] | None = None) -> ScanResult:
@@ -232,8 +233,15 @@ class HolderScanner:
         """`found(holding)` after each device found: stat() of a later descriptor may block (a file on a hung mount)."""
         # stat each descriptor relative to the open fd directory: a one-component lookup instead of a /proc path walk
         directory = os.open(os.path.join(base, "fd"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+        def named_a_device(name: str) -> bool:
+            try:  # readlink names the file without asking its file system, which may never answer
+                return os.readlink(name, dir_fd=directory) in self.paths
+            except OSError:
+                return False
         try:
-            for name in os.listdir(directory):
+            # descriptors named as a device first: a file on a hung mount opened earlier cannot hide them
+            for name in sorted(os.listdir(directory), key=lambda name: not named_a_device(name)):
                 try:
                     info = os.stat(name, dir_fd=directory)
                 except OSError:
@@ -325,6 +333,9 @@ class KillPlan:
     restarting: list[dict] = field(default_factory=list)  # in another service systemd would restart: refused
     foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
     kept: list[dict] = field(default_factory=list)  # a parked engine's: never signalled
+    # processes whose open files could not all be read (a read blocked past its time box) and in which nothing was found:
+    # they may hold a GPU, so the run fails closed naming them (never "no holder")
+    possible: list[dict] = field(default_factory=list)
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     inventory: dict | None = None  # NVML's reading the plan was made from (None: not queried)
@@ -368,6 +379,15 @@ def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index
     """Describe every holder of the selected GPUs and split them into targets, protected and ambiguous. Each holder
     names its GPUs by NVML index and, where NVML was asked, by UUID (an index can change across reboots, a UUID not)."""
     plan = KillPlan(unreadable=dict(scan.unreadable))
+    for pid, stage in sorted(scan.blocked.items()):
+        if pid in scan.holdings or stage != "files":
+            continue
+        try:
+            info = describe(reader, pid)
+            if guard.reason(info, reader.stat(pid).is_kernel_thread) is None:
+                plan.possible.append(dict(info, blocked_reads=sorted(reader.blocked.get(pid) or {stage})))
+        except (ProcessGone, PermissionError, ValueError, IndexError):
+            continue  # gone since: it holds nothing
     for pid in sorted(scan.holdings):
         holding = scan.holdings[pid]
         node_gpus = _node_gpus(holding, scan, minor_to_index)

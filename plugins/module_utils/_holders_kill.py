@@ -258,7 +258,14 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
 
 
 def refusal(plan: KillPlan, request: KillRequest) -> str | None:
-    """Why nothing may be signalled: targets outside the units under outside_units=fail, or in a restarting service."""
+    """Why nothing may be signalled: a process that may hold a GPU behind a read that blocked, targets outside the units
+    under outside_units=fail, or in a restarting service."""
+    if plan.possible:
+        shown = "; ".join(f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user', holder.get('uid'))} in "
+                          f"{holder.get('unit') or 'no unit'}" for holder in plan.possible[:5])
+        return (f"{len(plan.possible)} process(es) may hold the GPUs: reading their open files blocked past the time box (a file on a "
+                f"hung mount) before every descriptor was seen ({shown}; see possible_holders): nothing was signalled. Unwedge "
+                "or stop them, or list them in protected_pids when they hold no GPU")
     if request.outside_units == "fail" and plan.outside:
         owners = " and not run by the engines' users" if request.owner_uids else ""
         return (f"{len(plan.outside)} process(es) hold the GPUs outside the units being stopped{owners} "
@@ -303,7 +310,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
             "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids,
-            "unreadable": plan.unreadable, "kept": plan.kept}
+            "unreadable": plan.unreadable, "kept": plan.kept, "possible_holders": plan.possible}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

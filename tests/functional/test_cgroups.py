@@ -162,3 +162,46 @@ def test_a_cgroup_kill_that_fails_falls_back_to_the_loop_and_says_why(tmp_path):
     finally:
         for sleeper in sleepers:
             sleeper.kill()
+
+
+@pytest.mark.covers('S12', 'E9')
+def test_cgroup_kill_journals_every_member_before_the_write(tmp_path):
+    """E9 for the cgroup.kill path: each member's intent is on disk before the one write kills them all. The group is a
+    stand-in whose cgroup.kill is a FIFO; its reader plays the kernel: it reads the journal at the moment of the write,
+    then kills the members. A journal written after the write would show nothing then."""
+    import json
+    import threading
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
+
+    members = [subprocess.Popen(["sleep", "1000"]) for _ in range(2)]
+    group_dir = tmp_path / "vllm.service"
+    group_dir.mkdir()
+    (group_dir / "cgroup.procs").write_text("".join(f"{member.pid}\n" for member in members))
+    os.mkfifo(group_dir / "cgroup.kill")
+    journal_path = tmp_path / "journal" / "signals.jsonl"
+    seen = {}
+
+    def kernel():
+        with open(group_dir / "cgroup.kill", encoding="ascii") as kill:
+            seen["written"] = kill.read()
+        seen["journal"] = [json.loads(line) for line in journal_path.read_text().splitlines()] if journal_path.exists() else []
+        for member in members:
+            member.kill()
+
+    thread = threading.Thread(target=kernel, daemon=True)
+    thread.start()
+    try:
+        reader = ProcReader()
+        journal = Journal(str(journal_path), "run-1", "systemd_stop_hard", reader).open()
+        assert Cgroup(str(group_dir), reader).kill_all(Signaller(reader, journal=journal), Deadline(10)) == "cgroup.kill"
+        thread.join(10)
+        assert seen["written"] == "1"
+        intents = [(line["pid"], line["phase"], line["signal"], line["via"]) for line in seen["journal"]]
+        assert intents == [(member.pid, "intent", "SIGKILL", "cgroup.kill") for member in members], seen["journal"]
+        after = [json.loads(line) for line in journal_path.read_text().splitlines()]
+        assert [(line["pid"], line["result"]) for line in after if line["phase"] == "outcome"] == [(m.pid, "sent") for m in members]
+    finally:
+        for member in members:
+            member.kill()
+            member.wait()

@@ -737,6 +737,36 @@ def test_holder_of_a_file_on_a_hung_mount_is_found_and_killed_without_hanging_th
     assert blocked["devices"] == [devices.gpu(1)] and blocked["blocked_reads"] == ["files"]
 
 
+@pytest.mark.covers('G6', 'G20')
+@pytest.mark.timeout(120)
+def test_a_holder_behind_a_blocked_read_is_never_taken_for_no_holder(devices, processes, hung_mount, nvml_env):
+    """G6 fail closed, G20: a file on a hung mount opened before the GPU device (a lower descriptor, read first by a plain
+    scan). Holding the device under its own path, the holder is found anyway (descriptors named as a device are read
+    first) and killed. Holding it under another name (a hard link of the stand-in: nothing in the link names a device),
+    its open files cannot all be read: it is a possible holder, the run fails closed in check mode and for real, names
+    it with blocked_reads and signals nothing - never rc 0 with "no holder"."""
+    _helper, (named,) = processes.holder("--hung-first", "--open-hung", str(hung_mount / "frozen"), "--open", devices.gpu(1))
+    assert min(int(fd) for fd in os.listdir(f"/proc/{named}/fd") if os.readlink(f"/proc/{named}/fd/{fd}").endswith("frozen")) < max(
+        int(fd) for fd in os.listdir(f"/proc/{named}/fd") if os.readlink(f"/proc/{named}/fd/{fd}") == devices.gpu(1))
+    result = run_module(MODULE, kill_args(devices, term_timeout=2, kill_timeout=2), env=nvml_env, timeout=30)
+    assert not result.failed, result["msg"]
+    assert named in pids_of(result["terminated"]) | pids_of(result["killed"]) and result["possible_holders"] == []
+
+    other_name = str(devices.root / "renamed-gpu1")
+    os.link(devices.gpu(1), other_name)
+    _helper, (hidden,) = processes.holder("--hung-first", "--open-hung", str(hung_mount / "frozen"), "--open", other_name)
+    for check_mode in (True, False):
+        refused = run_module(MODULE, kill_args(devices, term_timeout=2, kill_timeout=2), check_mode=check_mode, env=nvml_env, timeout=30)
+        assert refused.failed and refused["signals"] == [], refused.result
+        assert "may hold the GPUs: reading their open files blocked" in refused["msg"] and f"pid {hidden} " in refused["msg"]
+        (possible,) = refused["possible_holders"]
+        assert possible["pid"] == hidden and possible["blocked_reads"] == ["files"]
+        assert refused["unreadable"].get("files_blocked", 0) >= 1
+    assert alive(hidden)
+    spared = run_module(MODULE, kill_args(devices, protected_pids=[hidden]), check_mode=True, env=nvml_env, timeout=30)
+    assert not spared.failed and spared["possible_holders"] == [], "protected_pids: the operator says it holds no GPU"
+
+
 @pytest.mark.covers('S20')
 def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path):
     """S20 (F5): a vfork parent waits in killable D state with every signal but SIGKILL blocked; its child holds the

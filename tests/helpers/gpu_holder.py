@@ -39,6 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vfork-blocked", metavar="FIFO",
                         help="after 'ready', posix_spawn a child that blocks opening FIFO: the parent waits in killable D state")
     parser.add_argument("--open-hung", metavar="FILE", help="also keep FILE open without stat()ing it (a file on a hung mount)")
+    parser.add_argument("--hung-first", action="store_true", help="open the --open-hung file before the devices (a lower descriptor)")
     parser.add_argument("--wedged-mm", metavar="FILE",
                         help="wedge the memory map lock on a page of FILE (on a mount that never answers reads); see wedge_memory_map")
     parser.add_argument("--user", help="once the files are held, run as this user (another user's job, an engine's worker)")
@@ -112,9 +113,11 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif args.drain:
         signal.signal(signal.SIGTERM, on_term(args.drain))
-    kept = hold(args)
-    if args.open_hung:
-        kept.append(os.open(args.open_hung, os.O_RDONLY))  # os.open: Python's open() would stat() it, and wait forever
+    # os.open: Python's open() would stat() it, and wait forever
+    early = [os.open(args.open_hung, os.O_RDONLY)] if args.open_hung and args.hung_first else []
+    kept = early + hold(args)
+    if args.open_hung and not args.hung_first:
+        kept.append(os.open(args.open_hung, os.O_RDONLY))
     locker = wedge_memory_map(args.wedged_mm) if args.wedged_mm else None
     child = os.fork() if args.fork_child else None
     if child == 0:
