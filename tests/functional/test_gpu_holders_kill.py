@@ -145,6 +145,25 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
     assert not os.path.exists(f"/proc/{pid}/task") or len(os.listdir(f"/proc/{pid}/task")) <= 1
 
 
+@pytest.mark.covers('G17')
+@pytest.mark.parametrize("use_pidfd", [True, False])
+def test_zombie_leader_with_live_thread_is_killed_whether_waited_on_by_pidfd_or_thread_list(devices, processes, nvml_env, use_pidfd):
+    """G17 on both ways of waiting: with pidfds the kernel says when the whole thread group is gone; without them (old
+    kernels, seccomp) the thread list does. Either way a zombie leader whose thread ignores SIGTERM is not gone after
+    the TERM grace: it is SIGKILLed and reported killed, not terminated."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(3), "--zombie-leader", "--ignore-term")
+    wait_for_zombie_leader(pid)
+    reader = ProcReader()
+    request = holders_kill.KillRequest.from_params(dict(kill_args(devices, term_timeout=0.5, kill_timeout=5), gpus=None, sources=["proc"],
+                                                        protected=[], protected_pids=[], ambiguous="report", max_targets=8,
+                                                        nvml_timeout=5, lock_timeout=5), reader)
+    plan = holders_kill.observe(request, None, reader, self_pid=processes.decoy("module").pid)
+    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=use_pidfd))
+    assert pids_of(result["killed"]) == {pid} and result["terminated"] == [], result
+    assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT", "SIGKILL"]
+    wait_for(lambda: not reader.thread_group_alive(pid, plan.targets[0]["start_time"]), "the zombie leader's thread to die")
+
+
 @pytest.mark.covers('G7', 'E9')
 def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
     """G7, E9 (the `pkill -f sglang` / `grep python3 | xargs kill` regression): only real holders die."""
@@ -659,7 +678,12 @@ def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(de
     frozen.freeze(pid)
     args = kill_args(devices, term_timeout=0.5, kill_timeout=1)
 
+    started = time.monotonic()
     first = run_module(MODULE, args, env=nvml_env, timeout=30)
+    # the deadline held: the module's own time within its budget (TERM 0.5 s + KILL 1 s, and the scan and NVML reads),
+    # and the whole run (with the interpreter's start) well inside the harness's 30 s
+    assert first["elapsed"] < 0.5 + 1 + 2, f"the module took {first['elapsed']:.1f}s of a 1.5s budget"
+    assert time.monotonic() - started < 0.5 + 1 + 8
     assert first.failed and f"{pid} (python" in first["msg"] and "state D" in first["msg"]
     (survivor,) = first["survivors"]
     assert survivor["pid"] == pid and survivor["state"] == "D" and survivor["cmdline"] is None

@@ -597,3 +597,68 @@ def test_a_unit_whose_group_holds_this_run_is_refused_by_stop_unit_itself(monkey
     with pytest.raises(Refused, match="holds this module or its ancestors"):
         systemd.stop_unit(request, parent, ProcReader(), check_mode=True)
     assert "stop" not in parent.calls
+
+
+@pytest.mark.covers('S21')
+def test_a_stopped_leftover_gets_sigcont_after_sigterm_and_ends_without_sigkill(unit_processes):
+    """S21 (F6): KillMode=process leaves a SIGSTOPped process behind; the module's SIGTERM is followed by SIGCONT for it,
+    so it ends within the TERM grace, never needing SIGKILL. Without the SIGCONT its SIGTERM stays pending and only the
+    escalation's SIGKILL ends it."""
+    main, stopped = unit_processes(), unit_processes()
+    os.kill(stopped.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while ProcReader().stat(stopped.pid).state != "T":
+        assert time.monotonic() < deadline, "the leftover never stopped"
+        time.sleep(0.01)
+    fake = FakeSystemd([main, stopped], kill_mode="process")
+    outcome = run_stop(fake, stop_timeout=5, kill_timeout=5)
+    sent = [call for call in fake.calls if call.startswith("SIG") and call.endswith(f" {stopped.pid}")]
+    assert sent[:2] == [f"SIGTERM {stopped.pid}", f"SIGCONT {stopped.pid}"] and f"SIGKILL {stopped.pid}" not in sent, fake.calls
+    assert stopped.pid in {member["pid"] for member in outcome.terminated} and not outcome.escalated and outcome.survivors == []
+
+
+@pytest.mark.covers('S19')
+@pytest.mark.timeout(60)
+def test_an_unkillable_process_in_the_unit_fails_the_stop_at_its_deadline(unit_processes, frozen):
+    """S19 (F4): a process of the unit frozen in D state with SIGKILL pending. The stop escalates, waits for it no longer
+    than kill_timeout, and reports it as a survivor with state D, SigPnd and wchan - within the run's budget (the stop
+    timeout, the kill timeout and a margin for the reads), not after a harness timeout."""
+    main, wedged = unit_processes(ignore_term=True), unit_processes(ignore_term=True)
+    frozen.freeze(wedged.pid)
+    fake = FakeSystemd([main, wedged])
+    started = time.monotonic()
+    outcome = run_stop(fake, stop_timeout=0.5, kill_timeout=1)
+    elapsed = time.monotonic() - started
+    assert elapsed < 0.5 + 1 + 2, f"the stop took {elapsed:.1f}s of a 1.5s budget"
+    assert outcome.escalated and [survivor["pid"] for survivor in outcome.survivors] == [wedged.pid]
+    (survivor,) = outcome.survivors
+    assert survivor["state"] == "D" and "SIGKILL" in survivor["signals_pending"]
+    assert main.pid in {member["pid"] for member in outcome.killed}
+
+
+@pytest.mark.covers('S40')
+def test_a_second_stop_of_the_same_unit_waits_on_its_lock_and_another_unit_does_not(tmp_path, monkeypatch):
+    """S40: the host lock is named by the unit. While another run holds engine.service's lock, a stop of it waits for the
+    lock (and, given no more time than the lock is held, fails naming the holder); a stop of another unit goes on at once."""
+    import fcntl
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _locking
+    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import LockTimeout
+
+    monkeypatch.setattr(_locking, "LOCK_DIRECTORY", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    fake = FakeSystemd([gone])  # nothing runs: a run changes nothing once it has the lock
+    holder = os.open(_locking.lock_path("systemd_stop_hard.engine.service"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        other = systemd.stop_unit(systemd.StopRequest("other.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
+        assert other["changed"] is False
+        started = time.monotonic()
+        with pytest.raises(LockTimeout, match="another run holds .*systemd_stop_hard.engine.service.lock"):
+            systemd.stop_unit(systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
+        assert time.monotonic() - started >= 0.6, "it waited for the lock, for as long as a run may take"
+    finally:
+        os.close(holder)
+    assert systemd.stop_unit(systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(),
+                             False)["changed"] is False
