@@ -96,7 +96,7 @@ docs:
 
 # -rs: every skipped test is listed with its reason; a catalogue case whose every test skipped fails the run (conftest.py)
 unit:
-	GPUFLEET_TREE_GUARD=1 $(BIN)/python -m pytest -q -rs tests
+	GPUFLEET_TREE_GUARD=1 GPUFLEET_CATALOGUE_DIR=$(CATALOGUE_RUN) $(BIN)/python -m pytest -q -rs tests
 
 NODES ?= 3
 GPUS ?= 8
@@ -120,8 +120,13 @@ molecule:
 GATE_SCENARIOS := engine_install engine_units fleet_slices switch_engine switch_faults switch_metrics switch_park switch_readme switch_traffic teardown_faults teardown_units
 DRILL_SCENARIOS := real_vllm
 
+# what this run proved of the reliability catalogue: each test's and Molecule task's outcome (catalogue_map.py --run)
+CATALOGUE_RUN := build/catalogue
+
 test:
+	rm -rf $(CATALOGUE_RUN)
 	$(MAKE) --no-print-directory --output-sync=target -j4 molecule-gate checks unit
+	$(BIN)/python tests/tools/catalogue_map.py --run $(CATALOGUE_RUN)
 
 # beside pytest and the checks: most of a scenario's time is waiting on the nodes, and pytest's deadlines hold under a
 # load on every core (make stress: 0 failures in 5420 runs at 75 % on both cores, docs/testing.md)

@@ -103,8 +103,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             "FAILED: the tests wrote into the working tree (write under build/ or tmp_path):\n  " + "\n  ".join(written), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    # the catalogue map counts a case covered by its tests' markers; a case whose tests all skipped here was not
-    # tested here: named, and in the gate (GPUFLEET_TREE_GUARD, make unit / make test) a failure
+    # every declared test's outcome, for the map of what this run covered (tests/tools/catalogue_map.py --run)
+    directory = os.environ.get("GPUFLEET_CATALOGUE_DIR")
+    if directory and _CASE_OUTCOMES:
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f"pytest-{os.getpid()}.json"), "w", encoding="utf-8") as record:
+            json.dump(_CASE_OUTCOMES, record, indent=1, sort_keys=True)
+    # a case whose tests all skipped here was not tested here: named, and in the gate (GPUFLEET_TREE_GUARD, make unit /
+    # make test) a failure
     skipped = skipped_cases()
     if skipped:
         lines = [f"{case}: " + "; ".join(f"{test} ({outcome})" for test, outcome in outcomes) for case, outcomes in skipped.items()]

@@ -2,10 +2,15 @@
 
     python tests/tools/catalogue_map.py           print the map
     python tests/tools/catalogue_map.py --write   rewrite its section of docs/testing.md
+    python tests/tools/catalogue_map.py --run build/catalogue
+                                                  what one run covered (make test): fails where a case the map covers did not
 
 A test declares the cases it sets up and asserts: a pytest test with its marker (@pytest.mark.covers("G5", "G6")), a
 Molecule task in the part of its name before the first "|" ("S19 | Freeze a running unit"). A mention anywhere else - a
-docstring, a comment - counts for nothing. A case whose tests lack part of the catalogue's expectation is listed in
+docstring, a comment - counts for nothing. A declaration is a claim; what a run proves is in its outcomes (pytest's
+conftest and Molecule's gpufleet_catalogue callback write them under GPUFLEET_CATALOGUE_DIR): with --run, a case counts
+as covered only when every pytest test declaring it ran and passed (a skipped one is not hidden by another that ran) and
+every Molecule task declaring it ran and passed. A case whose tests lack part of the catalogue's expectation is listed in
 PARTIAL with what they lack; a case no test covers in NOT_COVERED with the reason. The map holds all three apart, and
 tests/unit/lab/test_catalogue_map.py keeps docs/testing.md equal to it.
 """
@@ -13,9 +18,12 @@ tests/unit/lab/test_catalogue_map.py keeps docs/testing.md equal to it.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "testing.md"
@@ -82,18 +90,109 @@ def pytest_references(root: Path) -> dict[str, list[str]]:
     return found
 
 
+def molecule_tasks(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """case -> [(file, task name)] of the Molecule tasks that declare it (a block's name declares nothing: Ansible
+    reports no result for it; its tasks carry the cases)."""
+    found: dict[str, list[tuple[str, str]]] = {}
+
+    def walk(node, path: Path) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item, path)
+        elif isinstance(node, dict):
+            name = node.get("name")
+            if isinstance(name, str) and "|" in name and "block" not in node and "hosts" not in node:
+                for case in cases_in(name.split("|")[0]):
+                    found.setdefault(case, []).append((shown(path), name.strip()))
+            for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+                walk(node.get(key), path)
+
+    for path in sorted(root.rglob("*.yml")):
+        walk(yaml.safe_load(path.read_text()), path)
+    return found
+
+
 def molecule_references(root: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for path in sorted(root.rglob("*.yml")):
-        for line in path.read_text().splitlines():
-            name = re.match(r"\s*-?\s*name:\s*(.+)", line)
-            if not name:
-                continue
-            for case in cases_in(name.group(1).split("|")[0]):
-                where = f"`{shown(path)}`"
-                if where not in found.setdefault(case, []):
-                    found[case].append(where)
+    for case, tasks in molecule_tasks(root).items():
+        for path, _name in tasks:
+            if f"`{path}`" not in found.setdefault(case, []):
+                found[case].append(f"`{path}`")
     return found
+
+
+def pytest_tests(root: Path) -> dict[str, list[str]]:
+    """case -> the pytest functions (file::name) that declare it."""
+    return {case: [place.strip("`") for place in places] for case, places in pytest_references(root).items()}
+
+
+def read_outcomes(directory: Path) -> tuple[dict[str, list[tuple[str, str]]], list[dict]]:
+    """One run's outcomes: pytest's {case: [(nodeid, outcome)]} (every session of the run) and Molecule's task lines."""
+    pytest_outcomes: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted(directory.glob("pytest-*.json")):
+        for case, outcomes in json.loads(path.read_text()).items():
+            pytest_outcomes.setdefault(case, []).extend((nodeid, outcome) for nodeid, outcome in outcomes)
+    journal = directory / "molecule.jsonl"
+    molecule = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()] if journal.exists() else []
+    return pytest_outcomes, molecule
+
+
+def _task_ran(name: str, lines: list[dict]) -> str | None:
+    """None when the task declared as `name` passed on some host and failed on none; else why not. A templated name is
+    matched by its words before the first template."""
+    literal = name.split("{{")[0].strip()
+    mine = [line["outcome"] for line in lines if line["task"].startswith(literal)]
+    if not mine:
+        return "did not run"
+    if any(outcome != "passed" and outcome != "skipped" for outcome in mine):
+        return f"ended {sorted(set(mine))}"
+    return None if "passed" in mine else "skipped on every host"
+
+
+def run_map(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """What one run covered: {case: what proves it} and {case: why not}, for the cases the map covers or calls partial."""
+    pytest_outcomes, molecule = read_outcomes(directory)
+    declared_tests, declared_tasks = pytest_tests(REPO / "tests"), molecule_tasks(REPO / "molecule")
+    covered, missing = {}, {}
+    for case in CASES:
+        tests, tasks = declared_tests.get(case, []), declared_tasks.get(case, [])
+        if not tests and not tasks:
+            continue
+        problems, proofs = [], []
+        outcomes = pytest_outcomes.get(case, [])
+        for test in tests:
+            mine = [(nodeid, outcome) for nodeid, outcome in outcomes if nodeid == test or nodeid.startswith(test + "[")]
+            bad = [f"{nodeid} {outcome}" for nodeid, outcome in mine if outcome != "passed"]
+            if not mine:
+                problems.append(f"{test} did not run")
+            elif bad:
+                problems += bad
+            else:
+                proofs.append(f"{test} passed")
+        case_lines = [line for line in molecule if case in line["cases"]]
+        for path, name in tasks:
+            why = _task_ran(name, case_lines)
+            if why:
+                problems.append(f"{path}: {name!r} {why}")
+            else:
+                proofs.append(f"{path}: {name!r} passed")
+        if problems:
+            missing[case] = "; ".join(problems)
+        else:
+            covered[case] = "; ".join(proofs)
+    return covered, missing
+
+
+def check_run(directory: Path) -> int:
+    """Print what the run covered; fail where a case the map counts covered or partial was not proven by it."""
+    covered, missing = run_map(directory)
+    claimed = [case for case in CASES if case not in NOT_COVERED]
+    unproven = {case: why for case, why in missing.items() if case in claimed}
+    print(f"catalogue: {len(covered)} of {len(CASES)} cases covered in this run (each test and task declaring it ran and passed); "
+          f"{len(PARTIAL)} of them partial by the map, {len(NOT_COVERED)} not covered by design")
+    for case, why in unproven.items():
+        print(f"  NOT PROVEN {case}: {why}")
+    return 1 if unproven else 0
 
 
 def build_map() -> tuple[str, int]:
@@ -123,6 +222,8 @@ def section() -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--run"] and len(argv) == 2:
+        return check_run(Path(argv[1]))
     if argv == ["--write"]:
         document = DOC.read_text()
         start, end = document.index(BEGIN), document.index(END) + len(END)
