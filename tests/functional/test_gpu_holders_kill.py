@@ -175,6 +175,49 @@ def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
     assert not {decoy.pid for decoy in decoys} & {s["pid"] for s in result["signals"]}
 
 
+def witnessed(path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.covers('E9', 'G7')
+def test_the_signals_processes_received_are_the_journal_and_the_plan(devices, processes, nvml_env, tmp_path):
+    """E9 with an independent witness: every process here writes down each catchable signal it receives (SIGKILL and
+    SIGSTOP cannot be caught: their witnesses are death and the stopped state, checked too). Check mode: nothing received
+    by anyone. The real run: the holders received exactly the catchable part of what the journal says was sent to them,
+    in that order, and only the check-mode plan's targets received anything; the decoys naming the engines received
+    nothing and were not stopped."""
+    record = {name: tmp_path / f"{name}.signals" for name in ("quick", "stubborn", "decoy_sglang", "decoy_vllm")}
+    _helper, (quick,) = processes.holder("--witness", str(record["quick"]), "--open", devices.gpu(0))
+    _helper, (stubborn,) = processes.holder("--witness", str(record["stubborn"]), "--ignore-term", "--open", devices.gpu(1))
+    _helper, (decoy_sglang,) = processes.holder("--witness", str(record["decoy_sglang"]), "sglang", "serve", "model-x")
+    _helper, (decoy_vllm,) = processes.holder("--witness", str(record["decoy_vllm"]), "python3", "vllm", "serve")
+    decoys = {decoy_sglang: record["decoy_sglang"], decoy_vllm: record["decoy_vllm"]}
+
+    plan = run_module(MODULE, kill_args(devices, term_timeout=1, kill_timeout=5), check_mode=True, env=nvml_env)
+    assert pids_of(plan["targets"]) == {quick, stubborn}
+    assert all(witnessed(path) == [] for path in record.values()), "check mode: no process received anything"
+
+    result = run_module(MODULE, kill_args(devices, term_timeout=1, kill_timeout=5), env=nvml_env)
+    assert not result.failed, result["msg"]
+    journal = journal_lines(devices)
+    sent = {}
+    for line in journal:
+        if line["phase"] == "outcome" and line["result"] == "sent":
+            sent.setdefault(line["pid"], []).append(line["signal"])
+    assert set(sent) == pids_of(plan["targets"]), "only the plan's targets were signalled, by the journal"
+    catchable = {pid: [name for name in names if name not in ("SIGKILL", "SIGSTOP")] for pid, names in sent.items()}
+    assert witnessed(record["stubborn"]) == catchable[stubborn] == ["SIGTERM", "SIGCONT"]
+    assert sent[stubborn][-1] == "SIGKILL" and not alive(stubborn)
+    # the quick holder exits on its SIGTERM: the SIGCONT sent right after may find it gone before it is delivered
+    assert witnessed(record["quick"]) in (catchable[quick], catchable[quick][:1]) and witnessed(record["quick"])[:1] == ["SIGTERM"]
+    for pid, path in decoys.items():
+        assert witnessed(path) == [] and alive(pid) and ProcReader().stat(pid).state != "T", f"decoy {pid}: {witnessed(path)}"
+    assert pids_of(result["signals"]) == set(sent)
+
+
 @pytest.mark.covers('G5')
 def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_env):
     """G5: comm is cut at 15 characters by the kernel; protected_pids adds single processes."""

@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vfork-blocked", metavar="FIFO",
                         help="after 'ready', posix_spawn a child that blocks opening FIFO: the parent waits in killable D state")
     parser.add_argument("--open-hung", metavar="FILE", help="also keep FILE open without stat()ing it (a file on a hung mount)")
+    parser.add_argument("--witness", metavar="FILE",
+                        help="write the name of every catchable signal received to FILE, one a line, before acting on it (E9's witness)")
     parser.add_argument("--hung-first", action="store_true", help="open the --open-hung file before the devices (a lower descriptor)")
     parser.add_argument("--wedged-mm", metavar="FILE",
                         help="wedge the memory map lock on a page of FILE (on a mount that never answers reads); see wedge_memory_map")
@@ -98,6 +100,25 @@ def read_wchan(tid: int) -> str:
         return wchan.read()
 
 
+# every signal a process can catch (SIGKILL and SIGSTOP cannot be: their witnesses are death and the stopped state)
+WITNESSED = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGCONT", "SIGTSTP", "SIGTTIN",
+             "SIGTTOU", "SIGWINCH", "SIGURG", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF")
+
+
+def witness(path: str, ignore_term: bool) -> None:
+    """Write down each catchable signal as it arrives; then act as the default would for SIGTERM and SIGINT (exit),
+    unless told to ignore SIGTERM. Nothing else ends or stops the process: a stray signal is recorded, not obeyed."""
+    record = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def received(signum, _frame):
+        os.write(record, f"{signal.Signals(signum).name}\n".encode())
+        if signum == signal.SIGINT or (signum == signal.SIGTERM and not ignore_term):
+            os._exit(0)
+
+    for name in WITNESSED:
+        signal.signal(getattr(signal, name), received)
+
+
 def on_term(drain: float):
     def handler(_signum, _frame):
         time.sleep(drain)
@@ -109,7 +130,9 @@ def main(argv: list[str]) -> None:
     args = parse_args(argv)
     if args.comm:
         ctypes.CDLL(None).prctl(PR_SET_NAME, args.comm.encode(), 0, 0, 0)
-    if args.ignore_term:
+    if args.witness:
+        witness(args.witness, args.ignore_term)
+    elif args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif args.drain:
         signal.signal(signal.SIGTERM, on_term(args.drain))
