@@ -374,7 +374,7 @@ def record_parked(request: CutoverRequest, ops: NodeOps, result: dict) -> None:
     if unit:
         parked = result["park"]
         record = {"engine": request.previous.engine, "unit": unit, "model": request.previous.model, "url": request.previous.url,
-                  "invocation_id": parked.get("invocation_id"), "parked_at": parked.get("at"),
+                  "invocation_id": parked.get("invocation_id"), "boot_id": parked.get("boot_id"), "parked_at": parked.get("at"),
                   "park_s": parked.get("seconds"), "leftover_mib": parked.get("leftover_mib") or {},
                   "host_memory_bytes": parked.get("host_memory_bytes")}
     try:

@@ -103,6 +103,7 @@ class Node(cutover.NodeOps):
         leftover = {str(gpu["index"]): sum(process["used_mib"] or 0 for process in gpu["processes"] if process["pid"] in pids)
                     for gpu in inventory["gpus"]}
         return {"seconds": seconds, "at": round(time.time(), 3), "invocation_id": state.properties.get("InvocationID") or None,
+                "boot_id": lease.boot_id(),
                 "leftover_mib": {index: mib for index, mib in leftover.items() if mib},
                 "gpus": [{"index": gpu["index"], "total_mib": gpu.get("total_mib")} for gpu in inventory["gpus"]],
                 "host_memory_bytes": host_memory(state.properties.get("MemoryCurrent", ""), group, pids, self.reader)}

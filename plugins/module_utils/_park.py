@@ -19,6 +19,7 @@ import os
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_demand import demand_fraction
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._lease import boot_id
 
 MODES = ("off", "auto", "required")
 # the node's record of its parked engine (engine_observe reads it; engine_cutover writes and clears it)
@@ -99,11 +100,14 @@ def read_record(path: str | None) -> dict | None:
     return record if record and record.get("unit") and record.get("engine") else None
 
 
-def alive(record: dict | None, unit_properties: dict) -> tuple[bool, str | None]:
-    """Is the recorded parked engine still the unit's running invocation? (False, why) when it died or was restarted:
-    a restarted engine serves cold, it is not the parked one."""
+def alive(record: dict | None, unit_properties: dict, boot: str | None = None) -> tuple[bool, str | None]:
+    """Is the recorded parked engine still the unit's running invocation? (False, why) when the node restarted since,
+    or it died or was restarted: a restarted engine serves cold, it is not the parked one. ``boot``: this boot's id
+    (default: the kernel's)."""
     if not record:
         return False, None
+    if record.get("boot_id") and record["boot_id"] != (boot or boot_id()):
+        return False, f"the node restarted since {record['engine']} parked (another boot): a parked engine does not outlive a restart"
     state = unit_properties.get("ActiveState")
     if state != "active":
         return False, f"the parked {record['engine']} died ({record['unit']} is {state or 'unknown'})"

@@ -72,6 +72,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
             return {"changed": False, "result": "lease_held", "msg": exc.msg, "holder": exc.context.get("holder"),
                     "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": STEP_NAMES["lease"], "failure": failure}}
     kept = kept_units(params, node)
+    fate = parked_fate(params, request, kept, node, False)
     try:
         only = ("before",) * params["measure_before"] + tuple(
             step for name, step in (("units", "units"), ("holders", "holders"), ("memory", "after"))
@@ -85,7 +86,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     finally:
         if taken is not None:
             store.release(owner)
-    steps.update(run_id=owner, lease=taken or {})
+    steps.update(run_id=owner, lease=taken or {}, parked=fate)
     if steps.get("failed_step"):
         steps["failed_step"] = STEP_NAMES.get(steps["failed_step"], steps["failed_step"])
     changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
@@ -123,6 +124,17 @@ def forget_evicted(params: dict, request: Units, kept: tuple[str, ...]) -> None:
             park.release(path, [record["unit"]])
 
 
+def parked_fate(params: dict, request: Units, kept: tuple[str, ...], node, check_mode: bool) -> dict | None:
+    """What this teardown does to the node's parked engine - the node's fast way back - when its unit is among those it
+    tears down: kept (keep_parked), evicted, or found dead or restarted (nothing parked is lost). None: none is parked."""
+    record = park.read_record(params.get("parked_path") or park.RECORD_PATH)
+    if not record or record["unit"] not in request.units or "units" not in params["steps"]:
+        return None
+    alive, reason = park.alive(record, node.unit_properties(record["unit"]))
+    fate = "kept" if record["unit"] in kept else "evicted" if alive else "not parked"
+    return {"engine": record["engine"], "unit": record["unit"], "fate": fate, "reason": reason, "check_mode": check_mode}
+
+
 def kept_units(params: dict, node) -> tuple[str, ...]:
     """The units kept running, their processes unsignalled: those given, and with keep_parked the node's parked engine
     (when it is still the invocation that parked)."""
@@ -149,4 +161,5 @@ def plan(params: dict, request: Units, node) -> dict:
             steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
             steps.update(failed_step=STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))
     steps["after"] = steps["before"]
+    steps["parked"] = parked_fate(params, request, kept, node, True)
     return steps

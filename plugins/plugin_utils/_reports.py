@@ -141,6 +141,8 @@ def teardown_host_report(steps: dict) -> dict:
         # the node's Prometheus metrics not (all) written: a warning, never a failure
         "metrics_warnings": list(steps.get("metrics_warnings") or []),
         "stale_nvml_pids": list(holders.get("stale_nvml_pids") or []),
+        # the node's parked engine, when its unit is among those torn down: kept, evicted, or found dead (not parked)
+        "parked": _parked_fate(steps.get("parked")),
         "memory_before": [gpu_summary(g) for g in (steps.get("before") or {}).get("gpus") or []],
         "memory_after": [gpu_summary(g) for g in (steps.get("after") or {}).get("gpus") or []],
         # who ran it, under which lease, and every signal it sent as the node's journal recorded it
@@ -149,6 +151,12 @@ def teardown_host_report(steps: dict) -> dict:
         "signals": _units_signals(steps.get("units")) + list(holders.get("signals") or []),
     }
     return report
+
+
+def _parked_fate(parked: dict | None) -> dict | None:
+    if not parked:
+        return None
+    return {key: parked.get(key) for key in ("engine", "unit", "fate", "reason")}
 
 
 # the gpu_teardown role's one step, as a failure before the module's own steps names it
@@ -660,8 +668,18 @@ def teardown_table(document: dict) -> str:
         for kind in ("terminated", "killed"):
             for process in report.get(kind) or []:
                 details.append(f"{host}: holder {kind} {process['pid']} {_shorten(process['cmdline'])}")
+        parked = report.get("parked") or {}
+        if parked.get("fate") == "evicted":
+            details.append(f"{host}: {'would evict' if report.get('check_mode') else 'evicted'} the parked {parked['engine']} "
+                           f"({parked['unit']}), the node's fast way back to it; gpu_teardown_keep_parked: true keeps it")
+        elif parked.get("fate") == "kept":
+            details.append(f"{host}: {'would keep' if report.get('check_mode') else 'kept'} the parked {parked['engine']} ({parked['unit']}) "
+                           "running, its processes unsignalled (gpu_teardown_keep_parked)")
+        elif parked.get("fate") == "not parked":
+            details.append(f"{host}: no engine is parked any more: {parked.get('reason')}")
         for process in report.get("planned") or []:
-            details.append(f"{host}: would signal {process['pid']} ({whose(process)}) {_shorten(process['cmdline'])}")
+            mine = " - the parked engine" if parked.get("fate") == "evicted" and process.get("unit") == parked.get("unit") else ""
+            details.append(f"{host}: would signal {process['pid']} ({whose(process)}{mine}) {_shorten(process['cmdline'])}")
         for process in report.get("protected") or []:
             details.append(f"{host}: protected {process['pid']} {process.get('comm')} ({process.get('reason')})")
         for process in report.get("outside") or []:

@@ -316,7 +316,8 @@ def test_the_switch_document_matches_its_documentation():
 
 
 def test_the_cleanup_document_matches_its_documentation():
-    hosts = {"node1": reports.teardown_host_report(teardown_steps()), "node2": None}
+    hosts = {"node1": reports.teardown_host_report(teardown_steps(parked={"engine": "vllm", "unit": "vllm.service", "fate": "evicted", "reason": None})),
+             "node2": None}
     document = reports.teardown_run_report(hosts, {"started": T0, "finished": T0 + 5,
                                                    "parameters": {"hosts": "gpu_nodes", "limit": None, "max_fail_percentage": 100}})
     assert document["summary"] == {"hosts": 2, "ok": 1, "failed": 0, "not_reached": 1}
@@ -346,6 +347,26 @@ def test_teardown_table_lists_hosts_processes_and_failures():
 def test_check_mode_table_says_what_would_be_signalled():
     host = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [PROCESS]}))
     assert "n: would signal 42 (in x) python3 -m sglang.launch_server" in reports.teardown_table({"hosts": {"n": host}})
+
+
+def test_the_cleanup_says_what_becomes_of_the_parked_engine():
+    """A --check of a cleanup on a node where vLLM is parked beside a serving SGLang: the parked engine's processes are
+    named as the parked engine, and the line says the cleanup would evict it - the node's fast way back - and how to keep
+    it; kept, it says so; one found dead is no loss and says why."""
+    parked = dict(PROCESS, pid=51, unit="vllm.service")
+    evicting = {"engine": "vllm", "unit": "vllm.service", "fate": "evicted", "reason": None}
+    host = reports.teardown_host_report(teardown_steps(check_mode=True, holders={"targets": [parked, PROCESS]}, parked=evicting))
+    table = reports.teardown_table({"hosts": {"n": host}})
+    assert host["parked"] == evicting
+    assert ("n: would evict the parked vllm (vllm.service), the node's fast way back to it; gpu_teardown_keep_parked: true keeps it"
+            in table)
+    assert "n: would signal 51 (in vllm.service - the parked engine) python3" in table
+    assert "n: would signal 42 (in x) python3" in table, "another unit's process is not the parked engine"
+    kept = reports.teardown_host_report(teardown_steps(check_mode=True, parked=dict(evicting, fate="kept")))
+    assert "n: would keep the parked vllm (vllm.service) running" in reports.teardown_table({"hosts": {"n": kept}})
+    gone = reports.teardown_host_report(teardown_steps(parked=dict(evicting, fate="not parked", reason="the node restarted since vllm parked")))
+    assert "n: no engine is parked any more: the node restarted since vllm parked" in reports.teardown_table({"hosts": {"n": gone}})
+    assert reports.teardown_host_report(teardown_steps())["parked"] is None
 
 
 def test_check_mode_lines_say_whose_each_process_is_and_no_reading_after_is_shown():

@@ -61,6 +61,20 @@ def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
     assert park.remove_record(str(path)) and not path.exists()
 
 
+def test_after_a_node_restart_the_parked_engine_is_gone_because_the_boot_changed():
+    """A record of this boot is judged by the unit; one of another boot says the node restarted, not that the engine
+    died - even where systemd restarted the unit since (it serves cold: it is no parked engine)."""
+    record = {"engine": "vllm", "unit": "vllm.service", "invocation_id": "abc", "boot_id": "boot-1"}
+    assert park.alive(record, {"ActiveState": "active", "InvocationID": "abc"}, boot="boot-1") == (True, None)
+    restarted = (False, "the node restarted since vllm parked (another boot): a parked engine does not outlive a restart")
+    assert park.alive(record, {"ActiveState": "inactive"}, boot="boot-2") == restarted
+    assert park.alive(record, {"ActiveState": "active", "InvocationID": "xyz"}, boot="boot-2") == restarted
+    older = {key: value for key, value in record.items() if key != "boot_id"}
+    assert park.alive(older, {"ActiveState": "inactive"}, boot="boot-2")[1] == "the parked vllm died (vllm.service is inactive)", (
+        "a record written before boot ids were kept is judged as before")
+    assert park.alive(dict(record, boot_id=park.boot_id()), {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
+
+
 def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, park_history=None,
          target_fraction=None, **settings):
     engines = {"vllm": {"model_path": "/models/v", "ready_timeout": 60, "memory_fraction": target_fraction},
