@@ -199,7 +199,8 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
     return Check("model", True, f"{label} {path}: {len(listing.weights)} weight file(s), {size / 2**30:.2f} GiB, readable by {user}")
 
 
-def check_holders(request: Request, foreign: list, escaped: list, describe, restarting: list | None = None) -> Check:
+def check_holders(request: Request, foreign: list, escaped: list, describe, restarting: list | None = None,
+                  possible: list | None = None) -> Check:
     """Another user's GPU holders stop the switch before anything is disrupted, unless it may kill them; so does a
     holder the teardown would refuse to kill alone (the main process of a service systemd restarts).
 
@@ -207,6 +208,10 @@ def check_holders(request: Request, foreign: list, escaped: list, describe, rest
     their units (killed by the teardown); restarting: holders the teardown would kill in a service with Restart=;
     describe(holders) names them (pid, user, command, unit).
     """
+    if possible:
+        shown = "; ".join(f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user')}" for holder in possible[:5])
+        return Check("holders", False, f"process(es) may hold GPUs: reading their open files blocked (a file on a hung mount) before "
+                                       f"every descriptor was seen ({shown}). Nothing was touched: the teardown would refuse them too")
     if restarting:
         units = sorted({f"{holder['unit']} (Restart={holder.get('restart')})" for holder in restarting})
         return Check("holders", False, f"GPU holders run as the main process of {', '.join(units)}, which systemd would start again "

@@ -115,7 +115,8 @@ class NodeProbe:
             outside_units=request.outside_units, owners=request.owners), reader)
         plan = holders_kill.observe(kill, lambda timeout: NvmlClient(self.load_nvml, timeout), reader, restart_policy=self.restart_policy)
         escaped = [target for target in plan.targets if target["placement"] != "listed_unit" and not target["foreign"]]
-        return plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign}), plan.restarting
+        return (plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign}), plan.restarting,
+                plan.possible)
 
     def free_bytes(self, path: str) -> int | None:
         try:
@@ -148,11 +149,11 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_port(request, probe.port_holders(request.port)))
     if "holders" in request.checks:
         try:
-            foreign, escaped, memory_by_gpu, restarting = probe.holders(request)
+            foreign, escaped, memory_by_gpu, restarting, possible = probe.holders(request)
         except Error as exc:
             checks.append(preflight.Check("holders", False, f"GPU holders cannot be read: {exc.msg}"))
         else:
-            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders, restarting))
+            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders, restarting, possible))
             fit = preflight.check_fit(request, memory_by_gpu)
             if fit is not None:
                 checks.append(fit)

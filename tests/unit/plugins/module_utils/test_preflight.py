@@ -142,6 +142,13 @@ def test_with_report_the_target_must_fit_beside_the_processes_left_running_on_ea
         request(memory_fraction=1.5)
 
 
+def test_a_possible_holder_behind_a_blocked_read_fails_the_preflight_as_the_teardown_would():
+    possible = [{"pid": 5123, "comm": "rsync", "user": "alice", "blocked_reads": ["files"]}]
+    check = check_holders(request(outside_units="report"), [], [], lambda holders: "", None, possible)
+    assert not check.passed and "may hold GPUs: reading their open files blocked" in check.detail and "pid 5123 rsync of user alice" in check.detail
+    assert check_holders(request(outside_units="report"), [], [], lambda holders: "", None, []).passed
+
+
 def test_a_holder_the_teardown_would_refuse_to_kill_alone_fails_the_preflight_naming_its_unit():
     """Decide before disrupting: with kill, a GPU holder that is the main process of a service systemd restarts would
     stop the cutover after the drain; the preflight names it first."""
