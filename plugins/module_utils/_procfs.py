@@ -38,7 +38,9 @@ class ProcStat:
 
     @property
     def is_kernel_thread(self) -> bool:
-        return bool(self.flags & PF_KTHREAD) or self.pid == KTHREADD_PID or self.ppid == KTHREADD_PID
+        # the kernel's own flag; PID 2 (kthreadd) and its children only where no flags were read: inside a PID namespace
+        # PID 2 is an ordinary process
+        return bool(self.flags & PF_KTHREAD) or (not self.flags and KTHREADD_PID in (self.pid, self.ppid))
 
 
 def parse_stat(text: str) -> ProcStat:

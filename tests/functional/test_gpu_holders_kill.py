@@ -901,6 +901,53 @@ def test_holder_in_another_pid_namespace_is_found_with_its_namespace_pid(devices
         outer.wait()
 
 
+NAMESPACE_DRIVER = """
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import nvml_sim
+helper, selected_device, other_device, sim_root, module_args = sys.argv[2:7]
+def start(device):
+    holder = subprocess.Popen([sys.executable, helper, "--open", device], stdout=subprocess.PIPE, text=True)
+    holder.stdout.readline()
+    return holder
+first, second = start(selected_device), start(other_device)  # PIDs 2 and 3 of this namespace
+# NVML, as the host's driver would, lists a number of this namespace on GPU 1: here it names the holder of GPU 0
+nvml_sim.allocate(sim_root, 1, 5000, [second.pid], reported_pid=second.pid)
+done = subprocess.run([sys.executable, "-m", "ansible_collections.gpufleet.serving.plugins.modules.gpu_holders_kill", module_args],
+                      capture_output=True, text=True, cwd="/", check=False)
+first.poll()
+print(json.dumps({"first": first.pid, "second": second.pid, "alive": [first.returncode is None, second.poll() is None],
+                  "result": json.loads(done.stdout)}))
+for holder in (first, second):
+    holder.kill()
+"""
+
+
+@pytest.mark.covers('G8')
+@pytest.mark.timeout(120)
+def test_inside_a_pid_namespace_an_nvml_pid_never_picks_the_process_that_has_its_number_there(devices, sim, nvml_env):
+    """G8, the wrong-target kill end to end: the module runs under `unshare --pid --fork --mount-proc`, with gpus: [1].
+    PID 2 there holds GPU 1's device file; PID 3 holds only GPU 0's, and NVML lists the number 3 on GPU 1. PID 3 is no
+    target and lives, the warning says NVML's PIDs were not used; PID 2 - an ordinary process in a namespace, not
+    kthreadd - is the target, found by its device file, and killed."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare (util-linux)")
+    by_index = {gpu.index: devices.gpu(gpu.minor) for gpu in sim.gpus}
+    module_args = json.dumps({"ANSIBLE_MODULE_ARGS": dict(kill_args(devices, gpus=["1"]), _ansible_check_mode=False)})
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", NAMESPACE_DRIVER, str(REPO / "tests" / "sim"),
+                           str(HELPER), by_index[1], by_index[0], str(sim.root), module_args],
+                          env={**os.environ, "PYTHONPATH": str(COLLECTIONS), **nvml_env}, capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    result = seen["result"]
+    assert (seen["first"], seen["second"]) == (2, 3) and not result.get("failed"), result
+    assert pids_of(result["targets"]) == {2} and pids_of(result["terminated"]) | pids_of(result["killed"]) == {2}
+    assert seen["alive"] == [False, True], "the holder of GPU 1 died; the process NVML's number names here lives"
+    assert 3 not in {entry["pid"] for entry in result["signals"]}
+    assert [(entry["pid"], entry["gpu"]) for entry in result["stale_nvml_pids"]] == [(3, 1)]
+    assert "were not used to place or select holders" in json.dumps(result.get("warnings")), result.get("warnings")
+
+
 def spawn_with_pid(pid: int, processes) -> subprocess.Popen | None:
     """A decoy that holds no GPU, started under a given PID through the PID namespace's last-PID counter (root)."""
     for _attempt in range(50):

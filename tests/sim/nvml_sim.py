@@ -153,7 +153,10 @@ def used_mib(root: Path, gpu: int) -> tuple[int, int]:
     while a holder lives, while it lingers after the last one, or forever when leaked."""
     root = Path(root)
     total = reserved = 0
-    gpu_lines = [line for line in (root / "state").read_text(encoding="ascii").splitlines() if line.startswith("gpu ")]
+    try:
+        gpu_lines = [line for line in (root / "state").read_text(encoding="ascii").splitlines() if line.startswith("gpu ")]
+    except FileNotFoundError:
+        return 0, 0  # no GPUs described: nothing to hold an allocation against
     if 0 <= gpu < len(gpu_lines):  # listed in NVML index order
         words = dict(word.split("=", 1) for word in gpu_lines[gpu].split() if "=" in word)
         total = int(words.get("total_mib", 0))
