@@ -54,6 +54,74 @@ def parse_source(source: str) -> str:
     raise InvalidInput(f"source: {source!r} is neither a hub repository (org/name) nor an absolute path")
 
 
+# one quantization of a hub repository, as vLLM names it (its GGUF docs: unsloth/Qwen3-0.6B-GGUF:Q4_K_M)
+HUB_QUANT = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}):(?P<quant>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})$")
+# the file a selected GGUF (one file, or a split set merged) is served from, in its staged directory
+GGUF_MODEL_FILE = "model.gguf"
+
+
+def hub_quant(model: str) -> tuple[str, str | None]:
+    """(repository, quant) of ``org/name:QUANT``; (model, None) for anything else."""
+    match = HUB_QUANT.match(model)
+    return (match["repo"], match["quant"]) if match and ".." not in match["repo"] else (model, None)
+
+
+def _quant_matches(name: str, quant: str) -> bool:
+    """The quant as a whole word of the file's path (Q4_K is not Q4_K_M), case as the hub's names vary."""
+    stem = name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    return re.search(rf"(^|[-_./]){re.escape(quant)}([-./]|$)", stem, re.IGNORECASE) is not None
+
+
+def _gguf_groups(names: list[str]) -> dict[str, list[str]]:
+    """GGUF files grouped as models: a split set by its stem, any other file alone."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        match = SPLIT_GGUF.match(posixpath.basename(name))
+        key = posixpath.join(posixpath.dirname(name), match["stem"]) if match else name
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def _shown(names, limit: int = 8) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "none"
+
+
+def select_files(source: str, source_files: list[tuple[str, int]], quant: str | None = None, patterns: list[str] | None = None,
+                 ) -> list[tuple[str, int]]:
+    """The files of a repository to stage: all of them, those matching ``patterns`` (globs on the path), or the GGUF
+    files of one ``quant``, which must be one model (a single file or one complete split set). Refused naming what the
+    repository does hold."""
+    import fnmatch
+
+    if not quant and not patterns:
+        return list(source_files)
+    names = [name for name, _size in source_files]
+    selected: set[str] = set()
+    for pattern in patterns or []:
+        matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
+        if not matched:
+            raise InvalidInput(f"{source}: the file pattern {pattern!r} matches none of its {len(names)} files ({_shown(names)})")
+        selected |= matched
+    if quant:
+        ggufs = [name for name in names if name.lower().endswith(".gguf")]
+        groups = _gguf_groups([name for name in ggufs if _quant_matches(name, quant)])
+        if not groups:
+            raise InvalidInput(f"{source}: no GGUF file of the quant {quant!r}; its GGUF files: {_shown(ggufs)}")
+        if len(groups) > 1:
+            raise InvalidInput(f"{source}: the quant {quant!r} names {len(groups)} GGUF models, not one split set: {_shown(groups)}; "
+                               "name the files with a pattern")
+        selected |= set(next(iter(groups.values())))
+    return [(name, size) for name, size in source_files if name in selected]
+
+
+def gguf_selection(files: list[str]) -> list[str] | None:
+    """The selected files' one GGUF model (its parts in order), when the selection is exactly that; else None."""
+    ggufs = [name for name in files if name.lower().endswith(".gguf")]
+    groups = _gguf_groups(ggufs)
+    return next(iter(groups.values())) if len(groups) == 1 and len(ggufs) == len(files) else None
+
+
 def safetensors_size(head: bytes) -> int | None:
     """The length a safetensors file must have, from its first bytes (8-byte header length, then the JSON header);
     None where they are not a safetensors header."""

@@ -157,3 +157,37 @@ def test_a_split_gguf_merge_refuses_parts_doubled_missing_or_not_split():
     merged = plan_merge([part("a-2.gguf", 1, count=2), part("a-1.gguf", 0, count=2, **{"general.name": (8, b"\x01" + bytes(7) + b"x")})])
     assert merged.copies == [("a-1.gguf", 64, 0), ("a-2.gguf", 64, 0)], "parts in their order, whatever the order given"
     assert b"general.name" in merged.header and b"split.no" not in merged.header and len(merged.header) % 32 == 0
+
+
+# --- one quant of a repository of many (issue 52) ---------------------------------------------------------------------
+GLM = [("README.md", 10), ("UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00001-of-00003.gguf", 100), ("UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00002-of-00003.gguf", 100),
+       ("UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00003-of-00003.gguf", 50), ("Q8_0/GLM-5-Q8_0-00001-of-00002.gguf", 300),
+       ("Q8_0/GLM-5-Q8_0-00002-of-00002.gguf", 200), ("GLM-5-Q4_K.gguf", 90), ("GLM-5-Q4_K_M.gguf", 95)]
+
+
+def test_a_model_name_with_a_quant_is_the_repository_and_the_quant():
+    assert staging.hub_quant("unsloth/Qwen3-0.6B-GGUF:Q4_K_M") == ("unsloth/Qwen3-0.6B-GGUF", "Q4_K_M")
+    assert staging.hub_quant("unsloth/GLM-5-GGUF:UD-Q4_K_XL") == ("unsloth/GLM-5-GGUF", "UD-Q4_K_XL")
+    assert staging.hub_quant("org/name") == ("org/name", None)
+    assert staging.hub_quant("/models/a:b") == ("/models/a:b", None)
+
+
+def test_only_the_selected_quant_is_listed_counted_and_fetched():
+    """A repository of many quants: the quant names one split set (not the others, not Q4_K against Q4_K_M)."""
+    chosen = staging.select_files("unsloth/GLM-5-GGUF", GLM, quant="UD-Q4_K_XL")
+    assert [name for name, _size in chosen] == [name for name, _size in GLM[1:4]] and sum(size for _n, size in chosen) == 250
+    assert staging.select_files("r/x", GLM, quant="Q4_K") == [("GLM-5-Q4_K.gguf", 90)]
+    assert staging.select_files("r/x", GLM, quant="q8_0") == GLM[4:6], "the hub's names vary in case"
+    assert staging.gguf_selection([name for name, _size in chosen]) == [name for name, _size in GLM[1:4]]
+    assert staging.select_files("r/x", GLM) == GLM, "no selection: the whole repository"
+
+
+def test_a_selection_that_is_not_one_model_is_refused_naming_what_there_is():
+    with pytest.raises(InvalidInput, match=r"r/x: no GGUF file of the quant 'IQ1_S'; its GGUF files: UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00001"):
+        staging.select_files("r/x", GLM, quant="IQ1_S")
+    with pytest.raises(InvalidInput, match=r"the quant 'GLM-5' names 4 GGUF models, not one split set"):
+        staging.select_files("r/x", GLM, quant="GLM-5")
+    with pytest.raises(InvalidInput, match=r"the file pattern '\*.safetensors' matches none of its 8 files"):
+        staging.select_files("r/x", GLM, patterns=["*.safetensors"])
+    assert staging.select_files("r/x", GLM, patterns=["Q8_0/*", "README.md"]) == [GLM[0]] + GLM[4:6]
+    assert staging.gguf_selection(["README.md", "a.gguf"]) is None
