@@ -173,3 +173,38 @@ def plan_merge(parts: list[Part]) -> MergePlan:
     header += bytes(_aligned(len(header), alignment) - len(header))
     pads[-1] = 0  # nothing after the last tensor's data
     return MergePlan(bytes(header), copies, pads, len(header) + sum(copy[2] for copy in copies) + sum(pads))
+
+
+def merged_problems(merged: Part, plan: MergePlan, parts: list[Part]) -> list[str]:
+    """Whether a merged file, its header read back, is what the plan wrote: its length, every tensor of every part once,
+    each at the offset the plan gave it."""
+    problems = []
+    if merged.size != plan.size:
+        problems.append(f"{merged.name} has {merged.size} bytes, its plan {plan.size}")
+    names = [_tensor_name(info) for info, _offset in merged.tensors]
+    expected = [_tensor_name(info) for part in parts for info, _offset in part.tensors]
+    if len(set(names)) != len(names):
+        problems.append(f"{merged.name} names a tensor twice")
+    if sorted(names) != sorted(expected):
+        problems.append(f"{merged.name} holds {len(names)} tensors, its parts {len(expected)}")
+    planned = _planned_offsets(plan.header, merged)
+    if planned is not None and [offset for _info, offset in merged.tensors] != planned:
+        problems.append(f"{merged.name}: a tensor's offset is not where its part's data was copied")
+    if merged.data_start != len(plan.header):
+        problems.append(f"{merged.name}: its data begins at {merged.data_start}, the plan's at {len(plan.header)}")
+    return problems
+
+
+def _tensor_name(info: bytes) -> bytes:
+    length = int.from_bytes(info[:8], "little")
+    return info[8:8 + length]
+
+
+def _planned_offsets(header: bytes, merged: Part) -> list[int] | None:
+    """The offsets the plan's header holds, read as the merged file's own header is."""
+    import io
+
+    try:
+        return [offset for _info, offset in read_part(io.BytesIO(header), "plan", len(header)).tensors]
+    except InvalidInput:
+        return None

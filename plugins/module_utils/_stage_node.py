@@ -120,7 +120,8 @@ def download(params: dict, token: str | None, partial: str, fetch_bytes: int, di
         os.close(reader)
         try:
             huggingface_hub.snapshot_download(params["source"], revision=params["revision"], local_dir=partial, token=token,
-                                              endpoint=params["endpoint"] or None, etag_timeout=30)
+                                              endpoint=params["endpoint"] or None, etag_timeout=30,
+                                              allow_patterns=params.get("allow") or None)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent says it
             os.write(writer, f"{type(exc).__name__}: {exc}"[:2000].encode())
             os._exit(1)
@@ -195,9 +196,21 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
     dest = params["dest"]
     partial = staging.partial_path(dest)
     token = read_token(params["token_file"])
-    source_files = hub_files(params, token)
+    # only the selected files (one quant of a repository of many, or files by pattern) are listed, counted and fetched
+    source_files = staging.select_files(params["source"], hub_files(params, token), params.get("quant"), params.get("files"))
     expected = dict(source_files)
-    if os.path.isdir(dest):
+    params = dict(params, allow=sorted(expected) if params.get("quant") or params.get("files") else None)
+    # one GGUF model selected for an engine that loads a single file: served from <dest>/model.gguf, merged when split
+    model_parts = staging.gguf_selection(list(expected)) if params.get("quant") or params.get("merge_gguf") else None
+    if model_parts:
+        result["gguf"] = {"file": os.path.join(dest, staging.GGUF_MODEL_FILE), "parts": len(model_parts),
+                          "merge": len(model_parts) > 1}
+        if gguf_model_present(dest, source_files) or gguf_model_present(partial, source_files):
+            if not os.path.isdir(dest) and not check_mode:
+                os.rename(partial, dest)  # an interrupted run merged and verified it, and stopped before the rename
+                return dict(result, present=True, changed=True)
+            return dict(result, present=True, changed=not os.path.isdir(dest))
+    elif os.path.isdir(dest):
         problems = staging.checkpoint_problems(disk.listing(dest), expected)
         if not problems:
             return dict(result, present=True)
@@ -206,18 +219,61 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
     fetch = staging.plan_fetch(source_files, have)
     candidates = staging.prune_candidates(disk.model_directories(params["models_root"]), params["keep"] + [dest, partial],
                                           params["models_root"]) if params["models_root"] else []
-    plan = staging.plan_room(fetch, disk.free_bytes(dest), params["margin_mib"] * staging.MIB, candidates, params["prune"])
-    result.update(fetch=[{"name": name, "bytes": size} for name, size in fetch], bytes=plan.fetch_bytes,
-                  room={"free_bytes": plan.free_bytes, "needed_bytes": plan.needed_bytes, "ok": plan.room},
+    # a merge writes the whole model once more beside its parts before they go: room for both
+    merge_bytes = sum(expected[name] for name in model_parts) if model_parts and len(model_parts) > 1 else 0
+    room_for = fetch + ([("the merged model.gguf", merge_bytes)] if merge_bytes else [])
+    plan = staging.plan_room(room_for, disk.free_bytes(dest), params["margin_mib"] * staging.MIB, candidates, params["prune"])
+    fetch_bytes = sum(size for _name, size in fetch)
+    result.update(fetch=[{"name": name, "bytes": size} for name, size in fetch], bytes=fetch_bytes,
+                  room={"free_bytes": plan.free_bytes, "needed_bytes": plan.needed_bytes, "ok": plan.room, "merge_bytes": merge_bytes},
                   removed=[{"path": c["path"], "bytes": c["bytes"]} for c in plan.remove])
     if not plan.room:
         raise Error(f"{params['source']}: {plan.message}; nothing was written", **result)
     if check_mode:
         return dict(result, changed=bool(fetch) or bool(plan.remove) or not os.path.isdir(dest))
-    return fetch_into_place(params, disk, result, plan, token, expected)
+    return fetch_into_place(params, disk, result, plan, token, expected, model_parts)
 
 
-def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.StagePlan, token: str | None, expected: dict) -> dict:
+MANIFEST = ".gguf-model.json"
+
+
+def gguf_model_present(directory: str, source_files: list[tuple[str, int]]) -> bool:
+    """<directory>/model.gguf made from exactly these source files (its manifest says so) and of the length it had."""
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        size = os.path.getsize(os.path.join(directory, staging.GGUF_MODEL_FILE))
+    except (OSError, ValueError):
+        return False
+    return manifest.get("parts") == [[name, size_] for name, size_ in source_files] and manifest.get("bytes") == size
+
+
+def make_gguf_model(partial: str, parts: list[str], source_files: list[tuple[str, int]], keep_parts: bool, owner: str,
+                    source: str) -> dict:
+    """<partial>/model.gguf from the downloaded parts: merged (verified by its header read back) or the one file renamed;
+    the parts removed unless kept; a manifest naming what it was made from."""
+    target = os.path.join(partial, staging.GGUF_MODEL_FILE)
+    paths = [os.path.join(partial, name) for name in parts]
+    report = {"parts": len(parts), "merged": len(parts) > 1, "seconds": 0.0}
+    if len(parts) == 1:
+        os.replace(paths[0], target)
+        report["bytes"] = os.path.getsize(target)
+    else:
+        report.update(merge_parts(paths, target, owner, source))
+        if not keep_parts:
+            for path in paths:
+                os.unlink(path)
+    for directory in sorted({os.path.dirname(path) for path in paths}, reverse=True):
+        if directory != partial.rstrip("/"):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # a quant's own folder, empty now
+    with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
+        json.dump({"parts": [[name, size] for name, size in source_files], "bytes": os.path.getsize(target)}, handle)
+    return report
+
+
+def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.StagePlan, token: str | None, expected: dict,
+                     model_parts: list[str] | None = None) -> dict:
     """Make room, download into <dest>.partial, verify, hand it to the owner and rename it to dest."""
     dest = params["dest"]
     partial = staging.partial_path(dest)
@@ -230,9 +286,14 @@ def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.Stage
     finally:
         if os.path.exists(staging.progress_path(dest)):
             os.unlink(staging.progress_path(dest))
-    problems = staging.checkpoint_problems(disk.listing(partial), expected)
+    listing = disk.listing(partial)
+    problems = staging.checkpoint_problems(staging.Listing({name: size for name, size in listing.files.items() if name in expected},
+                                                           listing.read_head), expected)
     if problems:
         raise Error(f"{params['source']}: the download is incomplete ({'; '.join(problems[:5])}); a rerun resumes it", **result)
+    if model_parts:
+        result["gguf"].update(make_gguf_model(partial, model_parts, sorted(expected.items()), params.get("keep_parts", False),
+                                              params["owner"], params["source"]))
     if params["owner"]:
         chown_tree(partial, params["owner"])
     if os.path.isdir(dest):
@@ -263,7 +324,7 @@ def merge_split_gguf(params: dict, check_mode: bool, disk: Disk) -> dict:
     """One GGUF beside the parts (engines such as vLLM load a single file): written through <merged>.partial, renamed
     once whole; a merged file whose header and size are the plan's is left alone."""
     merged, names = split_gguf_parts(params["source"])
-    parts = []
+    parts: list = []
     for name in names:
         with open(name, "rb") as handle:
             parts.append(gguf.read_part(handle, name, os.path.getsize(name)))
@@ -279,6 +340,26 @@ def merge_split_gguf(params: dict, check_mode: bool, disk: Disk) -> dict:
         raise Error(f"merge_gguf: {merged} needs {needed / 2**30:.2f} GiB (with the margin), {free / 2**30:.2f} GiB free; nothing was written")
     if check_mode:
         return dict(report, changed=True)
+    written = write_merge(plan, parts, merged, params["owner"])
+    return dict(report, changed=True, seconds=written["seconds"])
+
+
+def merge_parts(paths: list[str], merged: str, owner: str, source: str) -> dict:
+    """The parts of one split GGUF merged into ``merged``; refused naming the problem when they are not one whole set."""
+    parts = []
+    for path in paths:
+        with open(path, "rb") as handle:
+            parts.append(gguf.read_part(handle, path, os.path.getsize(path)))
+    try:
+        plan = gguf.plan_merge(parts)
+    except Error as exc:
+        raise Error(f"{source}: {exc.msg}") from None
+    return write_merge(plan, parts, merged, owner)
+
+
+def write_merge(plan: gguf.MergePlan, parts: list, merged: str, owner: str) -> dict:
+    """Written through <merged>.partial, its header read back and held against the plan (its length, every tensor of
+    every part once, each at its planned offset), then renamed; a failure leaves no partial file."""
     started = time.monotonic()
     partial = merged + ".partial"
     try:
@@ -291,17 +372,20 @@ def merge_split_gguf(params: dict, check_mode: bool, disk: Disk) -> dict:
                 out.write(bytes(pad))
             out.flush()
             os.fsync(out.fileno())
-        if os.path.getsize(partial) != plan.size:
-            raise Error(f"merge_gguf: {partial} came out {os.path.getsize(partial)} bytes, not {plan.size}; nothing was renamed")
-        if params["owner"]:
-            entry = pwd.getpwnam(params["owner"])
+        with open(partial, "rb") as written:
+            problems = gguf.merged_problems(gguf.read_part(written, partial, os.path.getsize(partial)), plan, parts)
+        if problems:
+            raise Error(f"merge_gguf: {'; '.join(problems)}; nothing was renamed")
+        if owner:
+            entry = pwd.getpwnam(owner)
             os.chown(partial, entry.pw_uid, entry.pw_gid)
         os.rename(partial, merged)
     except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
         raise
-    return dict(report, changed=True, seconds=round(time.monotonic() - started, 3))
+    seconds = time.monotonic() - started
+    return {"bytes": plan.size, "seconds": round(seconds, 3), "rate_mib_s": round(plan.size / seconds / staging.MIB, 1) if seconds > 0 else None}
 
 
 class _bounded:
@@ -345,8 +429,8 @@ def stage(params: dict, check_mode: bool, disk: Disk) -> dict:
         if params["merge_gguf"]:
             result.update(merge_split_gguf(params, check_mode, disk))
         return result
-    if params["merge_gguf"]:
-        raise Error("merge_gguf: give the split GGUF's local path as source (a hub repository is staged as it is)")
+    if params["merge_gguf"] and not (params.get("quant") or params.get("files")):
+        raise Error("merge_gguf: for a hub repository, select its one GGUF model with quant or files (a local split GGUF: give its path)")
     if not params["dest"] or not os.path.isabs(params["dest"]):
         raise Error("dest: an absolute path is required for a hub source (the directory the engine's unit will read)")
     if huggingface_hub is None:

@@ -23,6 +23,9 @@ ARGUMENT_SPEC = dict(
     prune=dict(type="bool", default=False),
     timeout=dict(type="float", default=14400),
     merge_gguf=dict(type="bool", default=False),
+    quant=dict(type="str"),
+    files=dict(type="list", elements="str"),
+    keep_parts=dict(type="bool", default=False),
 )
 
 

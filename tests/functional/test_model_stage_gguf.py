@@ -4,6 +4,7 @@ the same metadata but the split keys, every tensor with its data. A missing part
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,94 @@ def test_a_part_cut_short_is_refused(split_gguf):
     part.write_bytes(part.read_bytes()[:40])
     refused = run_module("model_stage", merge_args(split_gguf))
     assert refused.failed and "tiny-00003-of-00003.gguf" in refused["msg"] and not (split_gguf / "tiny.gguf").exists()
+
+
+# --- one quant of a hub repository of many, merged for vLLM (issue 52) -------------------------------------------------
+ENDPOINT = Path(__file__).resolve().parents[1] / "sim" / "hf_endpoint.py"
+
+
+def write_gguf(path: Path, tensors: dict, split_max_tensors: int = 0) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    writer.add_name("tiny")
+    writer.add_context_length(4096)
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture
+def quant_hub(tmp_path):
+    """acme/Tiny-GGUF as unsloth lays a repository out: a split Q4_K_M in its own folder (3 parts), a single-file Q8_0,
+    a README; behind the lab's hub endpoint, whose log says which files were fetched."""
+    import subprocess
+    import sys
+
+    repository = tmp_path / "hub" / "acme" / "Tiny-GGUF"
+    (repository / "Q4_K_M").mkdir(parents=True)
+    write_gguf(repository / "Q4_K_M" / "Tiny-Q4_K_M.gguf", TENSORS, split_max_tensors=2)
+    write_gguf(repository / "Tiny-Q8_0.gguf", TENSORS)
+    (repository / "README.md").write_text("tiny\n")
+    log = tmp_path / "hub.log"
+    server = subprocess.Popen([sys.executable, str(ENDPOINT), "--root", str(tmp_path / "hub"), "--log", str(log)], stdout=subprocess.PIPE, text=True)
+    endpoint = f"http://127.0.0.1:{server.stdout.readline().split()[1]}"
+    yield repository, endpoint, log
+    server.kill()
+    server.wait()
+
+
+def test_one_quant_is_fetched_alone_merged_verified_and_served_from_one_file(tmp_path, quant_hub):
+    """Only the quant's three parts are listed, counted for room (the parts plus the merged file), fetched (the hub's log)
+    and merged into <dest>/model.gguf, which llama.cpp's reader reads whole; the parts are gone; a rerun fetches nothing."""
+    pytest.importorskip("huggingface_hub")
+    repository, endpoint, log = quant_hub
+    dest = tmp_path / "models" / "acme--Tiny-GGUF--Q4_K_M"
+    args = {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "merge_gguf": True, "dest": str(dest), "endpoint": endpoint, "margin_mib": 0}
+    parts = sorted(str(path.relative_to(repository)) for path in (repository / "Q4_K_M").iterdir())
+    part_bytes = sum((repository / name).stat().st_size for name in parts)
+    plan = run_module("model_stage", args, check_mode=True)
+    assert not plan.failed, plan["msg"]
+    assert [entry["name"] for entry in plan["fetch"]] == parts and plan["bytes"] == part_bytes
+    assert plan["room"]["merge_bytes"] == part_bytes and plan["room"]["needed_bytes"] == 2 * part_bytes
+    assert plan["gguf"] == {"file": str(dest / "model.gguf"), "parts": 3, "merge": True} and not dest.exists()
+
+    staged = run_module("model_stage", args)
+    assert not staged.failed, staged["msg"]
+    assert sorted(line.split()[1] for line in log.read_text().splitlines()) == parts, "only the quant's parts were fetched"
+    assert staged["gguf"]["merged"] and staged["gguf"]["bytes"] == (dest / "model.gguf").stat().st_size
+    reader = gguf.GGUFReader(str(dest / "model.gguf"))
+    assert {tensor.name: list(tensor.data) for tensor in reader.tensors} == {name: list(data) for name, data in TENSORS.items()}
+    assert not any(name.startswith("split.") for name in reader.fields)
+    assert sorted(path.name for path in dest.iterdir() if path.name != ".cache") == [".gguf-model.json", "model.gguf"], "the parts went"
+    assert not Path(f"{dest}.partial").exists()
+
+    again = run_module("model_stage", args)
+    assert not again.failed and again["changed"] is False and again["present"]
+    assert len(log.read_text().splitlines()) == len(parts), "a rerun fetches nothing"
+
+
+def test_a_single_file_quant_is_served_as_it_is_and_a_wrong_quant_is_refused_naming_the_quants(tmp_path, quant_hub):
+    pytest.importorskip("huggingface_hub")
+    repository, endpoint, log = quant_hub
+    dest = tmp_path / "models" / "q8"
+    args = {"source": "acme/Tiny-GGUF", "quant": "Q8_0", "merge_gguf": True, "dest": str(dest), "endpoint": endpoint, "margin_mib": 0}
+    staged = run_module("model_stage", args)
+    assert not staged.failed, staged["msg"]
+    assert (dest / "model.gguf").read_bytes() == (repository / "Tiny-Q8_0.gguf").read_bytes() and not staged["gguf"]["merged"]
+    assert log.read_text().split() == ["acme/Tiny-GGUF", "Tiny-Q8_0.gguf"]
+    wrong = run_module("model_stage", dict(args, quant="IQ2_XS", dest=str(tmp_path / "models" / "x")), check_mode=True)
+    assert wrong.failed and "no GGUF file of the quant 'IQ2_XS'; its GGUF files: Q4_K_M/Tiny-Q4_K_M-00001-of-00003.gguf" in wrong["msg"]
+    assert "Tiny-Q8_0.gguf" in wrong["msg"]
+
+
+def test_room_for_the_parts_and_the_merge_is_checked_before_the_first_byte(tmp_path, quant_hub):
+    pytest.importorskip("huggingface_hub")
+    _repository, endpoint, log = quant_hub
+    dest = tmp_path / "models" / "q4"
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    refused = run_module("model_stage", {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "merge_gguf": True, "dest": str(dest),
+                                         "endpoint": endpoint, "margin_mib": free // (1 << 20) + 1024})
+    assert refused.failed and refused["room"]["ok"] is False and refused["room"]["merge_bytes"] > 0
+    assert "nothing was written" in refused["msg"] and not log.exists() and not dest.exists()

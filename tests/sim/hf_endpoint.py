@@ -1,6 +1,6 @@
 """A Hugging Face compatible endpoint on 127.0.0.1 serving local model repositories, for the real huggingface_hub client.
 
-    python tests/sim/hf_endpoint.py --root DIR [--port 0] [--rate-mib 0]
+    python tests/sim/hf_endpoint.py --root DIR [--port 0] [--rate-mib 0] [--log FILE]
 
 DIR/<org>/<name>/ holds a repository's files (revision "main"). What the client asks for: the repository's metadata
 (GET /api/models/<org>/<name>[/revision/<rev>]: commit sha and every file with its size), and each file
@@ -45,6 +45,7 @@ def etag_of(path: Path) -> str:
 class Handler(BaseHTTPRequestHandler):
     root: Path
     rate: float  # bytes per second; 0 for no limit
+    log: Path | None  # one line per file body sent: "<repo> <file>" (which files a client fetched)
 
     def log_message(self, *_args) -> None:  # quiet
         return
@@ -98,6 +99,9 @@ class Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
         self.send(206 if ranged else 200, headers, None, size - start)
         if body:
+            if self.log:
+                with self.log.open("a", encoding="utf-8") as log:
+                    log.write(f"{resolve['repo']} {resolve['file']}\n")
             self.stream(target, start)
 
     def stream(self, target: Path, start: int) -> None:
@@ -141,8 +145,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--root", required=True)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rate-mib", type=float, default=0)
+    parser.add_argument("--log", help="append '<repo> <file>' for each file body sent")
     args = parser.parse_args(argv)
-    handler = type("RepositoryHandler", (Handler,), {"root": Path(args.root), "rate": args.rate_mib * (1 << 20)})
+    handler = type("RepositoryHandler", (Handler,), {"root": Path(args.root), "rate": args.rate_mib * (1 << 20),
+                                                     "log": Path(args.log) if args.log else None})
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     print(f"listening {server.server_address[1]}", flush=True)
     os.environ.pop("HF_TOKEN", None)
