@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
+from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
@@ -240,7 +241,10 @@ def stage_items(target: dict) -> list[dict]:
     """The hub models the switch stages: the model and the EAGLE-3 draft model, each into its own directory."""
     items = []
     if target.get("model_dir"):
-        items.append({"source": target["model"], "revision": target.get("model_revision") or "main", "dest": target["model_dir"]})
+        repository, quant = staging.hub_quant(target["model"])
+        # one quant of a repository of many: only its files, merged into the one file the engine loads
+        items.append({"source": repository, "revision": target.get("model_revision") or "main", "dest": target["model_dir"],
+                      "quant": quant, "merge_gguf": bool(quant)})
     if target.get("draft_model_dir"):
         items.append({"source": target["draft_model"], "revision": "main", "dest": target["draft_model_dir"]})
     return items

@@ -22,6 +22,7 @@ import json
 import posixpath
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._staging import GGUF_MODEL_FILE, hub_quant
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
 
@@ -152,17 +153,36 @@ def _common(read: _Reader) -> dict:
             read.fail("extra_args", f"{arg!r} is one argument holding a space; give the option and its value as two items, "
                                     f"e.g. {str(arg).split(None, 1)!r}")
     port = _port(read)
-    model = read.text("model", required=True)
+    model = model_name(read)
     model_dir = staged_model_dir(read)
     return {
-        # a hub model staged on the node is read from its directory, still served under its hub name
-        "model": model_dir or model, "served": read.text("served_model_name") or (model if model_dir else ""),
+        # a hub model staged on the node is read from its directory (one quant: its one GGUF file), still served under its
+        # hub name
+        "model": staged_model_path(model, model_dir) or model, "served": read.text("served_model_name") or (model if model_dir else ""),
         "host": read.text("host") or "127.0.0.1",
         "port": port, "tp": read.number("tensor_parallel_size", minimum=1), "dp": read.number("data_parallel_size", minimum=1),
         "fraction": fraction, "max_len": read.number("max_model_len", minimum=1),
         "max_running": read.number("max_running_requests", minimum=1), "extra": [str(arg) for arg in extra],
         "quantization": read.text("quantization"), "kv_cache_dtype": read.text("kv_cache_dtype"),
     }
+
+
+MODEL_FORMS = "an absolute path, a hub repository (org/name) or one quant of one (org/name:QUANT)"
+
+
+def model_name(read: _Reader) -> str:
+    """The model as given: a path, a hub name, or org/name:QUANT (vLLM's own form for one GGUF quant of a repository)."""
+    model = read.text("model", required=True)
+    if any(character.isspace() for character in model) or (":" in model and not model.startswith("/") and hub_quant(model)[1] is None):
+        read.fail("model", f"{model!r} is not {MODEL_FORMS}")
+    return model
+
+
+def staged_model_path(model: str, model_dir: str) -> str:
+    """What the engine is given for a staged model: its directory, or for one GGUF quant the file it was merged into."""
+    if not model_dir:
+        return ""
+    return posixpath.join(model_dir, GGUF_MODEL_FILE) if hub_quant(model)[1] else model_dir
 
 
 def staged_model_dir(read: _Reader, key: str = "model_dir") -> str:
@@ -424,7 +444,9 @@ def engine_facts(config: dict, engine: str) -> dict:
         "model_revision": read.text("model_revision") or "main",
         # where the weights are on the node: the staged directory of a hub model, else the model as given
         "model_dir": staged_model_dir(read) or None,
-        "model_path": staged_model_dir(read) or read.text("model") or None,
+        "model_path": staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model") or None,
+        # one GGUF quant of a hub repository (org/name:QUANT): staged alone, and merged into one file when split
+        "model_quant": hub_quant(read.text("model"))[1],
         "served_model_name": read.text("served_model_name") or read.text("model") or None,
         "secrets_path": f"{SECRETS_DIR}/{unit[: -len('.service')]}.secrets",
         "api_key_set": bool(api_key),

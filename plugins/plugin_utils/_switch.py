@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._staging import parse_source, progress_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._staging import hub_quant, parse_source, progress_path
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
 # preflight_failed and failed: the cutover's preflight or its files stopped it before the drain (nothing was stopped)
@@ -139,18 +139,21 @@ def stage_jobs(started: list) -> list[dict]:
 
 
 def staged_model_dir(model: str, revision: str, root: str) -> str:
-    """Where the switch stages a hub model (org/name) under ``root``: ``org--name``, ``@revision`` added when it is not
-    main; empty for a model given as a path (verified where it is) or without a root (not staged)."""
+    """Where the switch stages a hub model (org/name) under ``root``: ``org--name``, ``--QUANT`` for one quant of it
+    (org/name:QUANT), ``@revision`` added when it is not main; empty for a model given as a path (verified where it is)
+    or without a root (not staged)."""
     if not root or not model or model.startswith("/"):
         return ""
     if not root.startswith("/"):
         raise SwitchError(f"switch_engine_models_root: give an absolute directory, got {root!r}")
+    repository, quant = hub_quant(model)  # one quant of a repository of many: a directory of its own
     try:
-        if parse_source(model) != "hub":
+        if parse_source(repository) != "hub":
             return ""
     except InvalidInput as error:
         raise SwitchError(str(error)) from None
     revision = revision or "main"
     if "/" in revision or revision.startswith(".") or not revision.strip():
         raise SwitchError(f"model revision {revision!r}: give a branch, tag or commit without '/'")
-    return f"{root.rstrip('/')}/{model.replace('/', '--')}" + ("" if revision == "main" else f"@{revision}")
+    return (f"{root.rstrip('/')}/{repository.replace('/', '--')}" + (f"--{quant}" if quant else "")
+            + ("" if revision == "main" else f"@{revision}"))

@@ -409,3 +409,19 @@ def test_standby_never_opens_the_park_routes_beyond_loopback():
     assert engines.engine_facts(config("sglang", standby=True, host="0.0.0.0", api_key="sk-key"), "sglang")["standby"]
     with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: give true or false, got 'sometimes'"):
         engines.engine_facts(config("vllm", standby="sometimes"), "vllm")
+
+
+def test_one_quant_of_a_hub_repository_is_served_from_the_file_it_was_merged_into():
+    """vllm_model: org/name:QUANT (vLLM's own form): staged, the unit gets <dir>/model.gguf under the hub name; not
+    staged, vLLM gets the name as given; a name that is none of the forms is refused naming the variable, whole."""
+    staged = engines.engine_facts(config("vllm", model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", served_model_name="",
+                                         model_dir="/var/lib/gpufleet-models/unsloth--GLM-5-GGUF--UD-Q4_K_XL"), "vllm")
+    assert staged["model_path"] == "/var/lib/gpufleet-models/unsloth--GLM-5-GGUF--UD-Q4_K_XL/model.gguf"
+    assert staged["model_quant"] == "UD-Q4_K_XL"
+    argv = staged["argv"]
+    assert argv[2] == staged["model_path"] and argv[argv.index("--served-model-name") + 1] == "unsloth/GLM-5-GGUF:UD-Q4_K_XL"
+    direct = engines.engine_facts(config("vllm", model="unsloth/Qwen3-0.6B-GGUF:Q4_K_M"), "vllm")
+    assert direct["argv"][2] == "unsloth/Qwen3-0.6B-GGUF:Q4_K_M" and direct["model_path"] == "unsloth/Qwen3-0.6B-GGUF:Q4_K_M"
+    for bad in ("unsloth/GLM-5-GGUF:UD Q4", "org:name:Q4", "unsloth/GLM-5-GGUF:"):
+        with pytest.raises(engines.EngineArgsError, match=r"vllm_model: .* is not an absolute path, a hub repository \(org/name\) or one quant"):
+            engines.engine_facts(config("vllm", model=bad), "vllm")

@@ -66,6 +66,8 @@ def test_a_hub_model_is_staged_under_the_models_root_and_a_path_is_not():
     assert _switch.staged_model_dir("org/m", "v1.2", root + "/") == f"{root}/org--m@v1.2", "another revision, another directory"
     assert _switch.staged_model_dir("/models/Llama", "main", root) == "", "a path is verified where it is"
     assert _switch.staged_model_dir("org/m", "main", "") == "", "no root: not staged"
+    assert _switch.staged_model_dir("unsloth/GLM-5-GGUF:UD-Q4_K_XL", "main", root) == f"{root}/unsloth--GLM-5-GGUF--UD-Q4_K_XL", (
+        "one quant of a repository of many: a directory of its own")
     for model, revision, root_given, message in [("org/m", "main", "models", "switch_engine_models_root: give an absolute directory"),
                                                  ("org/m", "../x", root, "model revision '../x'"),
                                                  ("not a model", "main", root, "neither a hub repository")]:

@@ -89,8 +89,18 @@ def test_hub_models_are_staged_on_the_controllers_step_and_the_spec_floor_is_ver
     steps = switch_plan.plan(settings(min_spec_acceptance=0.5), found(engines={"vllm": VLLM, "sglang": hub}))
     assert steps["where"]["stage_model"] == "controller" and steps["where"]["verify"] == "controller"
     assert steps["where"]["soak"] == "controller" and steps["where"]["release"] == "controller"
-    assert steps["stage_items"] == [{"source": "org/m", "revision": "v2", "dest": "/srv/models/org--m@v2"},
+    assert steps["stage_items"] == [{"source": "org/m", "revision": "v2", "dest": "/srv/models/org--m@v2", "quant": None, "merge_gguf": False},
                                     {"source": "org/d", "revision": "main", "dest": "/srv/models/org--d"}]
+
+
+def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
+    """vllm_model: org/name-GGUF:QUANT - the repository without the quant is the source, the quant selects its files,
+    and a split set is merged into the one file the engine loads."""
+    quant = dict(VLLM, model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", model_dir="/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL")
+    steps = switch_plan.plan(settings(target="vllm"), found(engines={"vllm": quant, "sglang": SGLANG}, found=["sglang"], serving=["sglang"],
+                                                            previous="sglang"))
+    assert steps["stage_items"] == [{"source": "unsloth/GLM-5-GGUF", "revision": "main", "dest": "/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL",
+                                     "quant": "UD-Q4_K_XL", "merge_gguf": True}]
 
 
 def test_no_previous_engine_and_an_explicit_stop_bound():
