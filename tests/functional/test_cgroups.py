@@ -174,7 +174,7 @@ def test_cgroup_kill_journals_every_member_before_the_write(tmp_path):
 
     from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 
-    members = [subprocess.Popen(["sleep", "1000"]) for _ in range(2)]
+    members = [subprocess.Popen(["sleep", "1000"]) for _member in range(2)]
     group_dir = tmp_path / "vllm.service"
     group_dir.mkdir()
     (group_dir / "cgroup.procs").write_text("".join(f"{member.pid}\n" for member in members))

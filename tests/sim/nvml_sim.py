@@ -141,7 +141,7 @@ class OutOfMemory(RuntimeError):
 
 
 def _holder_alive(word: str) -> bool:
-    pid, _, start = word.partition(":")
+    pid, _colon, start = word.partition(":")
     try:
         return process_start_time(int(pid)) == int(start)
     except (OSError, ValueError, IndexError):
