@@ -49,6 +49,7 @@ class ModelListing:
     weights: list = field(default_factory=list)  # (name, bytes)
     unreadable: list = field(default_factory=list)  # names the user cannot read
     incomplete: list = field(default_factory=list)  # why the checkpoint is not whole (a missing shard, a short file)
+    names: list = field(default_factory=list)  # every file name in a directory
 
 
 @dataclass
@@ -92,10 +93,11 @@ class Request:
         if "executable" in params["checks"] and not params["version_argv"]:
             raise InvalidInput("version_argv: the command that prints the engine's version is required by the executable check")
         visible = params["visible_devices"]
-        models = [("model", params["model"])] + ([("draft model", params["draft_model"])] if params["draft_model"] else [])
+        models = ([("model", params["model"])] + ([("draft model", params["draft_model"])] if params["draft_model"] else [])
+                  + ([("tokenizer", params["tokenizer"])] if params.get("tokenizer") else []))
         # where a hub model is staged on the node (the stage step downloads and verifies it before the drain)
-        staged = {label: directory for label, directory in (("model", params.get("model_dir")), ("draft model", params.get("draft_model_dir")))
-                  if directory}
+        staged = {label: directory for label, directory in (("model", params.get("model_dir")), ("draft model", params.get("draft_model_dir")),
+                                                            ("tokenizer", params.get("tokenizer_dir"))) if directory}
         for label, directory in staged.items():
             if not posixpath.isabs(directory):
                 raise InvalidInput(f"{label.replace(' ', '_')}_dir: give the absolute directory it is staged into, got {directory!r}")
@@ -167,7 +169,23 @@ def check_staged_model(label: str, hub_name: str, listing: ModelListing, user: s
     if listing.kind == "missing":
         return Check("model", True, f"{label} {hub_name}: not staged yet - the stage step downloads it into {listing.path} and verifies it "
                                     "before the drain", skipped=True)
-    return check_model(f"{label} {hub_name} staged at", listing, user)
+    check = check_tokenizer if label == "tokenizer" else check_model
+    return check(f"{label} {hub_name} staged at", listing, user)
+
+
+def check_tokenizer(label: str, listing: ModelListing, user: str) -> Check:
+    """A tokenizer directory (a GGUF's base model's): readable by the engine's user, holding a tokenizer file."""
+    path = listing.path
+    if listing.kind == "missing":
+        return Check("model", False, f"{label} {path} does not exist")
+    if listing.kind == "unreadable":
+        return Check("model", False, f"{label} {path} cannot be read by {user}")
+    if listing.kind != "directory":
+        return Check("model", False, f"{label} {path} is not a directory")
+    problem = staging.tokenizer_problem(listing.names)
+    if problem:
+        return Check("model", False, f"{label} {path}: {problem}")
+    return Check("model", True, f"{label} {path}: {len(listing.names)} file(s), readable by {user}")
 
 
 def check_model(label: str, listing: ModelListing, user: str) -> Check:
@@ -366,7 +384,7 @@ def list_model(path: str) -> ModelListing:
         names = sorted(os.listdir(path))
     except OSError:
         return ModelListing(path, "unreadable")
-    listing = ModelListing(path, "directory", config="config.json" in names)
+    listing = ModelListing(path, "directory", config="config.json" in names, names=list(names))
     for name in names:
         full = posixpath.join(path, name)
         if name == "config.json" or name.endswith(WEIGHT_SUFFIXES):

@@ -48,6 +48,8 @@ OPTIONS = dict(
     previous=dict(type="dict", options=dict(engine=dict(type="str", choices=["vllm", "sglang"]), memory_fraction=dict(type="float"),
                                             gpus_needed=dict(type="int", default=1), visible_devices=dict(type="str"))),
     model_dir=dict(type="path"),
+    tokenizer=dict(type="str"),
+    tokenizer_dir=dict(type="path"),
     draft_model_dir=dict(type="path"),
 )
 
@@ -138,6 +140,9 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
                 checks.append(preflight.check_staged_model(label, path, probe.model(request.user, staged), request.user))
                 continue
             listing = probe.model(request.user, path) if os.path.isabs(path) else preflight.ModelListing(path, "hub")
+            if label == "tokenizer" and os.path.isabs(path):
+                checks.append(preflight.check_tokenizer(label, listing, request.user))
+                continue
             checks.append(preflight.check_model(label, listing, request.user))
     if "gpus" in request.checks:
         try:

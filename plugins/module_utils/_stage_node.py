@@ -197,7 +197,8 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
     partial = staging.partial_path(dest)
     token = read_token(params["token_file"])
     # only the selected files (one quant of a repository of many, or files by pattern) are listed, counted and fetched
-    source_files = staging.select_files(params["source"], hub_files(params, token), params.get("quant"), params.get("files"))
+    source_files = staging.select_files(params["source"], hub_files(params, token), params.get("quant"), params.get("files"),
+                                        params.get("files_optional", False))
     expected = dict(source_files)
     params = dict(params, allow=sorted(expected) if params.get("quant") or params.get("files") else None)
     # one GGUF model selected for an engine that loads a single file: served from <dest>/model.gguf, merged when split

@@ -87,11 +87,17 @@ def _shown(names, limit: int = 8) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "none"
 
 
+# a tokenizer and the model's config, never weights: what a GGUF is served with from its base model's repository
+TOKENIZER_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "*.tiktoken", "chat_template.*"]
+TOKENIZER_NEEDS = ("tokenizer.json", "tokenizer.model", "vocab.json", ".tiktoken")
+
+
 def select_files(source: str, source_files: list[tuple[str, int]], quant: str | None = None, patterns: list[str] | None = None,
-                 ) -> list[tuple[str, int]]:
+                 optional: bool = False) -> list[tuple[str, int]]:
     """The files of a repository to stage: all of them, those matching ``patterns`` (globs on the path), or the GGUF
     files of one ``quant``, which must be one model (a single file or one complete split set). Refused naming what the
-    repository does hold."""
+    repository does hold. ``optional``: a pattern may match nothing, as long as one matches something."""
     import fnmatch
 
     if not quant and not patterns:
@@ -100,9 +106,11 @@ def select_files(source: str, source_files: list[tuple[str, int]], quant: str | 
     selected: set[str] = set()
     for pattern in patterns or []:
         matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
-        if not matched:
+        if not matched and not optional:
             raise InvalidInput(f"{source}: the file pattern {pattern!r} matches none of its {len(names)} files ({_shown(names)})")
         selected |= matched
+    if patterns and optional and not selected:
+        raise InvalidInput(f"{source}: none of its {len(names)} files matches {', '.join(patterns)} ({_shown(names)})")
     if quant:
         ggufs = [name for name in names if name.lower().endswith(".gguf")]
         groups = _gguf_groups([name for name in ggufs if _quant_matches(name, quant)])
@@ -307,3 +315,10 @@ def blocked_parent(parents: list[tuple[str, int, int, int]], uid: int, gids: set
         if not mode & bit:
             return f"{path} (mode {mode & 0o7777:04o}, owner uid {owner}, group gid {group})"
     return None
+
+
+def tokenizer_problem(names: list[str]) -> str | None:
+    """Why a staged tokenizer directory cannot serve as one (no tokenizer file), or None."""
+    if any(name.endswith(TOKENIZER_NEEDS) for name in names):
+        return None
+    return f"no tokenizer file ({', '.join(TOKENIZER_NEEDS)}) among {_shown(sorted(names))}"

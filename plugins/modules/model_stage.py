@@ -25,6 +25,7 @@ ARGUMENT_SPEC = dict(
     merge_gguf=dict(type="bool", default=False),
     quant=dict(type="str"),
     files=dict(type="list", elements="str"),
+    files_optional=dict(type="bool", default=False),
     keep_parts=dict(type="bool", default=False),
 )
 

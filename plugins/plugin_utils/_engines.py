@@ -167,6 +167,18 @@ def _common(read: _Reader) -> dict:
     }
 
 
+def tokenizer_path(read: _Reader) -> str:
+    """What --tokenizer is given: where a hub tokenizer was staged, else the tokenizer as given (a hub name or a path)."""
+    tokenizer = read.text("tokenizer")
+    if tokenizer and (any(character.isspace() for character in tokenizer) or ":" in tokenizer):
+        read.fail("tokenizer", f"{tokenizer!r} is not an absolute path or a hub repository (org/name)")
+    return staged_model_dir(read, "tokenizer_dir") or tokenizer
+
+
+def is_gguf(model: str) -> bool:
+    return model.lower().endswith(".gguf") or hub_quant(model)[1] is not None
+
+
 MODEL_FORMS = "an absolute path, a hub repository (org/name) or one quant of one (org/name:QUANT)"
 
 
@@ -267,6 +279,10 @@ def vllm_argv(config: dict) -> list[str]:
         argv.append("--enable-expert-parallel")
     if standby(read):
         argv.append("--enable-sleep-mode")  # parks through POST /sleep (its routes need VLLM_SERVER_DEV_MODE=1)
+    tokenizer = tokenizer_path(read)
+    if tokenizer:
+        # the base model's tokenizer (vLLM's GGUF docs), and for a GGUF its config from the same place
+        argv += ["--tokenizer", tokenizer] + (["--hf-config-path", tokenizer] if is_gguf(common["model"]) else [])
     spec = speculative(read)
     if spec:
         argv += ["--speculative-config", json.dumps({"method": "eagle3", "model": spec["draft_model_path"],
@@ -447,6 +463,8 @@ def engine_facts(config: dict, engine: str) -> dict:
         "model_path": staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model") or None,
         # one GGUF quant of a hub repository (org/name:QUANT): staged alone, and merged into one file when split
         "model_quant": hub_quant(read.text("model"))[1],
+        "tokenizer": read.text("tokenizer") or None,
+        "tokenizer_dir": staged_model_dir(read, "tokenizer_dir") or None,
         "served_model_name": read.text("served_model_name") or read.text("model") or None,
         "secrets_path": f"{SECRETS_DIR}/{unit[: -len('.service')]}.secrets",
         "api_key_set": bool(api_key),
@@ -474,7 +492,8 @@ def engine_facts(config: dict, engine: str) -> dict:
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
                                       [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")]
                                       + (standby_environment(read) if engine == "vllm" else [])
-                                      + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) or (spec and staged_model_dir(read, "draft_model_dir")) else [])
+                                      + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) or (spec and staged_model_dir(read, "draft_model_dir"))
+                                         or staged_model_dir(read, "tokenizer_dir") else [])
                                       + sorted(environment.items())),
         "speculative": spec,
         # what the preflight checks before the node is disrupted

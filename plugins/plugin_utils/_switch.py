@@ -138,7 +138,7 @@ def stage_jobs(started: list) -> list[dict]:
             for job in started if job.get("ansible_job_id")]
 
 
-def staged_model_dir(model: str, revision: str, root: str) -> str:
+def staged_model_dir(model: str, revision: str, root: str, kind: str = "model") -> str:
     """Where the switch stages a hub model (org/name) under ``root``: ``org--name``, ``--QUANT`` for one quant of it
     (org/name:QUANT), ``@revision`` added when it is not main; empty for a model given as a path (verified where it is)
     or without a root (not staged)."""
@@ -155,5 +155,6 @@ def staged_model_dir(model: str, revision: str, root: str) -> str:
     revision = revision or "main"
     if "/" in revision or revision.startswith(".") or not revision.strip():
         raise SwitchError(f"model revision {revision!r}: give a branch, tag or commit without '/'")
-    return (f"{root.rstrip('/')}/{repository.replace('/', '--')}" + (f"--{quant}" if quant else "")
+    # a tokenizer is staged apart from its repository's weights (the same repository may be staged whole as a model)
+    return (f"{root.rstrip('/')}/{repository.replace('/', '--')}" + (f"--{quant}" if quant else "") + ("--tokenizer" if kind == "tokenizer" else "")
             + ("" if revision == "main" else f"@{revision}"))

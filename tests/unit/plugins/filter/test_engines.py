@@ -425,3 +425,21 @@ def test_one_quant_of_a_hub_repository_is_served_from_the_file_it_was_merged_int
     for bad in ("unsloth/GLM-5-GGUF:UD Q4", "org:name:Q4", "unsloth/GLM-5-GGUF:"):
         with pytest.raises(engines.EngineArgsError, match=r"vllm_model: .* is not an absolute path, a hub repository \(org/name\) or one quant"):
             engines.engine_facts(config("vllm", model=bad), "vllm")
+
+
+def test_a_gguf_is_served_with_its_base_models_tokenizer_and_config_staged_apart():
+    """vllm_tokenizer: a hub name staged by the switch (tokenizer and config only) is given as --tokenizer and, for a GGUF,
+    --hf-config-path (vLLM's GGUF docs); the unit stays offline; the rendered line parses with vLLM 0.33.0's own options."""
+
+    facts = engines.engine_facts(config("vllm", model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", model_dir="/m/unsloth--GLM-5-GGUF--UD-Q4_K_XL",
+                                        tokenizer="zai-org/GLM-5", tokenizer_dir="/m/zai-org--GLM-5--tokenizer"), "vllm")
+    argv = facts["argv"]
+    assert argv[argv.index("--tokenizer") + 1] == "/m/zai-org--GLM-5--tokenizer" == argv[argv.index("--hf-config-path") + 1]
+    assert facts["tokenizer"] == "zai-org/GLM-5" and facts["tokenizer_dir"] == "/m/zai-org--GLM-5--tokenizer"
+    assert any(line.startswith("HF_HUB_OFFLINE=1") or "HF_HUB_OFFLINE=1" in line for line in facts["environment_lines"])
+    parsed = engine_cli.parse("vllm", argv[2:])
+    assert parsed.tokenizer == "/m/zai-org--GLM-5--tokenizer" and parsed.hf_config_path == "/m/zai-org--GLM-5--tokenizer"
+    plain = engines.engine_facts(config("vllm", tokenizer="/models/tok"), "vllm")["argv"]
+    assert plain[plain.index("--tokenizer") + 1] == "/models/tok" and "--hf-config-path" not in plain, "not a GGUF: its own config"
+    with pytest.raises(engines.EngineArgsError, match="vllm_tokenizer: 'org/x:Q4' is not an absolute path or a hub repository"):
+        engines.engine_facts(config("vllm", tokenizer="org/x:Q4"), "vllm")

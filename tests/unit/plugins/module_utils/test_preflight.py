@@ -196,3 +196,15 @@ def test_with_report_the_way_back_must_fit_too_before_anything_is_touched():
     assert in_place.previous is None, "a change in place: the configuration it replaces is not known here"
     with pytest.raises(InvalidInput, match="previous.memory_fraction: must be more than 0 and at most 1, got 2"):
         request(engine="sglang", previous={"engine": "vllm", "memory_fraction": 2})
+
+
+def test_a_tokenizer_directory_must_hold_a_tokenizer_file():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import check_tokenizer
+
+    good = check_tokenizer("tokenizer", ModelListing("/t", "directory", config=True, names=["config.json", "tokenizer.json"]), "vllm")
+    assert good.passed
+    empty = check_tokenizer("tokenizer", ModelListing("/t", "directory", config=True, names=["config.json"]), "vllm")
+    assert not empty.passed and "no tokenizer file" in empty.detail
+    assert not check_tokenizer("tokenizer", ModelListing("/t", "missing"), "vllm").passed
+    staged = request(tokenizer="zai-org/GLM-5", tokenizer_dir="/m/zai-org--GLM-5--tokenizer")
+    assert ("tokenizer", "zai-org/GLM-5") in staged.models and staged.staged["tokenizer"] == "/m/zai-org--GLM-5--tokenizer"

@@ -191,3 +191,14 @@ def test_a_selection_that_is_not_one_model_is_refused_naming_what_there_is():
         staging.select_files("r/x", GLM, patterns=["*.safetensors"])
     assert staging.select_files("r/x", GLM, patterns=["Q8_0/*", "README.md"]) == [GLM[0]] + GLM[4:6]
     assert staging.gguf_selection(["README.md", "a.gguf"]) is None
+
+
+def test_a_tokenizer_is_staged_with_its_files_only_and_must_hold_one():
+    base = [("config.json", 1), ("tokenizer.json", 9), ("tokenizer_config.json", 2), ("model-00001-of-00002.safetensors", 10**9),
+            ("model-00002-of-00002.safetensors", 10**9)]
+    chosen = staging.select_files("zai-org/GLM-5", base, patterns=staging.TOKENIZER_FILES, optional=True)
+    assert [name for name, _size in chosen] == ["config.json", "tokenizer.json", "tokenizer_config.json"], "never the weights"
+    with pytest.raises(InvalidInput, match="none of its 1 files matches"):
+        staging.select_files("org/x", [("model.safetensors", 5)], patterns=staging.TOKENIZER_FILES, optional=True)
+    assert staging.tokenizer_problem(["config.json", "tokenizer.json"]) is None
+    assert staging.tokenizer_problem(["config.json"]).startswith("no tokenizer file")

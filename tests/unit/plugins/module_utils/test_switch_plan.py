@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
@@ -96,11 +97,14 @@ def test_hub_models_are_staged_on_the_controllers_step_and_the_spec_floor_is_ver
 def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
     """vllm_model: org/name-GGUF:QUANT - the repository without the quant is the source, the quant selects its files,
     and a split set is merged into the one file the engine loads."""
-    quant = dict(VLLM, model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", model_dir="/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL")
+    quant = dict(VLLM, model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", model_dir="/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL",
+                 tokenizer="zai-org/GLM-5", tokenizer_dir="/srv/models/zai-org--GLM-5--tokenizer")
     steps = switch_plan.plan(settings(target="vllm"), found(engines={"vllm": quant, "sglang": SGLANG}, found=["sglang"], serving=["sglang"],
                                                             previous="sglang"))
     assert steps["stage_items"] == [{"source": "unsloth/GLM-5-GGUF", "revision": "main", "dest": "/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL",
-                                     "quant": "UD-Q4_K_XL", "merge_gguf": True}]
+                                     "quant": "UD-Q4_K_XL", "merge_gguf": True},
+                                    {"source": "zai-org/GLM-5", "revision": "main", "dest": "/srv/models/zai-org--GLM-5--tokenizer",
+                                     "files": staging.TOKENIZER_FILES, "files_optional": True}], "the base model's tokenizer, never its weights"
 
 
 def test_no_previous_engine_and_an_explicit_stop_bound():
