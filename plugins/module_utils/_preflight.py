@@ -77,6 +77,7 @@ class Request:
     # the share of each GPU's memory the target takes (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static);
     # None: the engine's default where it has a fixed one
     memory_fraction: float | None = None
+    python: str | None = None  # the engine's interpreter (else read from its executable's #! line)
     device_paths: list = field(default_factory=list)  # the device files whose holders count; empty: the driver's
     # the engine serving now, when it is another: its way back must fit beside the holders report mode leaves
     previous: EngineDemand | None = None
@@ -110,6 +111,7 @@ class Request:
                    owners=list(params.get("owners") or []), outside_units=params.get("outside_units") or "fail",
                    holder_gpus=list(params.get("gpus") or []), device_paths=list(params.get("device_paths") or []),
                    memory_fraction=memory_fraction(params.get("memory_fraction")),
+                   python=params.get("python") or None,
                    previous=EngineDemand.from_params(params.get("previous"), params["engine"]))
 
 
@@ -186,6 +188,32 @@ def check_tokenizer(label: str, listing: ModelListing, user: str) -> Check:
     if problem:
         return Check("model", False, f"{label} {path}: {problem}")
     return Check("model", True, f"{label} {path}: {len(listing.names)} file(s), readable by {user}")
+
+
+# run in the engine's own Python: what vLLM's GGUF loader needs (the gguf package; an in-tree loader or the plugin)
+GGUF_LOADER_PROBE = """
+import importlib.util, json
+def found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:
+        return False
+print(json.dumps({"gguf": found("gguf"), "in_tree": found("vllm.model_executor.model_loader.gguf_loader"),
+                  "plugin": found("vllm_gguf_plugin")}))
+"""
+
+
+def check_gguf_loader(python: str, found: dict | None, error: str | None = None) -> Check:
+    """vLLM loads a GGUF with the gguf package, through its own loader or, in releases that moved it out of tree, the
+    vllm-gguf-plugin package (vLLM's GGUF docs): both checked in the unit's own interpreter, before the drain."""
+    if found is None:
+        return Check("model", False, f"the engine's Python {python} could not be asked whether it loads GGUF: {error}")
+    missing = ([] if found.get("gguf") else ["gguf (vLLM's GGUF loader imports it)"]) + (
+        [] if found.get("in_tree") or found.get("plugin") else ["vllm-gguf-plugin (this vLLM has no GGUF loader of its own)"])
+    if missing:
+        return Check("model", False, f"the model is a GGUF and the engine's Python {python} lacks {' and '.join(missing)}: install it "
+                                     "into the engine's environment (vllm_gguf_packages with vllm_install)")
+    return Check("model", True, f"the engine's Python {python} loads GGUF (gguf, {'the in-tree loader' if found.get('in_tree') else 'vllm-gguf-plugin'})")
 
 
 def check_model(label: str, listing: ModelListing, user: str) -> Check:

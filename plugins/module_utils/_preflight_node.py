@@ -11,6 +11,7 @@ anything, when the switch has nothing to do between them and its drain.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -49,6 +50,7 @@ OPTIONS = dict(
                                             gpus_needed=dict(type="int", default=1), visible_devices=dict(type="str"))),
     model_dir=dict(type="path"),
     tokenizer=dict(type="str"),
+    python=dict(type="str"),
     tokenizer_dir=dict(type="path"),
     draft_model_dir=dict(type="path"),
 )
@@ -120,6 +122,25 @@ class NodeProbe:
         return (plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign}), plan.restarting,
                 plan.possible)
 
+    def interpreter(self, executable: str) -> str | None:
+        """The Python an entry-point script runs in: its #! line."""
+        try:
+            with open(executable, "rb") as script:
+                first = script.readline(4096).decode(errors="replace").strip()
+        except OSError:
+            return None
+        return first[2:].split()[0] if first.startswith("#!") and first[2:].strip() else None
+
+    def gguf_loader(self, python: str, timeout: float) -> tuple:
+        """What the engine's interpreter can import for a GGUF: ({gguf, in_tree, plugin}, None) or (None, why not)."""
+        returncode, output = self.version([python, "-c", preflight.GGUF_LOADER_PROBE], timeout)
+        if returncode != 0:
+            return None, output.strip().splitlines()[-1] if output and output.strip() else f"exited {returncode}"
+        try:
+            return json.loads(output.strip().splitlines()[-1]), None
+        except (ValueError, IndexError):
+            return None, f"answered {output.strip()[:200]!r}"
+
     def free_bytes(self, path: str) -> int | None:
         try:
             stats = os.statvfs(path)
@@ -144,6 +165,11 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
                 checks.append(preflight.check_tokenizer(label, listing, request.user))
                 continue
             checks.append(preflight.check_model(label, listing, request.user))
+    gguf_model = request.engine == "vllm" and any(label == "model" and path.lower().endswith(".gguf") for label, path in request.models)
+    if "model" in request.checks and gguf_model and request.version_argv:
+        python = request.python or probe.interpreter(request.version_argv[0])
+        found, error = probe.gguf_loader(python, request.version_timeout) if python else (None, f"{request.version_argv[0]} names no interpreter")
+        checks.append(preflight.check_gguf_loader(python or request.version_argv[0], found, error))
     if "gpus" in request.checks:
         try:
             gpus = probe.gpus(request.nvml_timeout)

@@ -463,6 +463,10 @@ def engine_facts(config: dict, engine: str) -> dict:
         "model_path": staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model") or None,
         # one GGUF quant of a hub repository (org/name:QUANT): staged alone, and merged into one file when split
         "model_quant": hub_quant(read.text("model"))[1],
+        # a GGUF model needs the gguf package in the engine's environment (vLLM's loader imports it)
+        "gguf": engine == "vllm" and is_gguf(staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model")),
+        # the interpreter the engine runs in, where the role knows it (a pinned install's virtualenv, SGLang's python)
+        "python": (read.text("virtualenv") + "/bin/python" if bool(config.get("install")) else (read.text("python") or None) if engine == "sglang" else None),
         "tokenizer": read.text("tokenizer") or None,
         "tokenizer_dir": staged_model_dir(read, "tokenizer_dir") or None,
         "served_model_name": read.text("served_model_name") or read.text("model") or None,

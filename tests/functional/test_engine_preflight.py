@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import struct
+import sys
 import tempfile
 from pathlib import Path
 
@@ -174,3 +175,23 @@ def test_a_staged_hub_model_is_checked_where_it_is_staged_and_said_so(tmp_path, 
     assert broken.failed and broken["checks"][0]["detail"] == f"model lab/tiny-llama staged at {staged} has no config.json"
     unstaged = run_module("engine_preflight", args(tmp_path, "lab/tiny-llama", checks=checks), env=nvml_env)
     assert unstaged["checks"][0]["detail"] == "model lab/tiny-llama: a hub name, fetched by the engine when it starts (not staged, not checked here)"
+
+
+def test_a_gguf_models_loader_is_checked_in_the_engines_own_python(tmp_path):
+    """The probe runs in the interpreter the engine's entry point names (its #! line): this one has the gguf package but
+    no vLLM, so the check fails naming vllm-gguf-plugin; one without gguf names gguf too (python -I with an empty path)."""
+    pytest.importorskip("gguf")
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
+
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nprint('0.33.0')\n")
+    script.chmod(0o755)
+    probe = preflight_node.NodeProbe(load_nvml=None)
+    assert probe.interpreter(str(script)) == sys.executable
+    found, error = probe.gguf_loader(sys.executable, 60)
+    assert error is None and found["gguf"] and not found["in_tree"]
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    found, error = probe.gguf_loader(str(bare), 60)
+    assert error is None and not found["gguf"]

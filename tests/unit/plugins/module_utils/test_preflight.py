@@ -208,3 +208,14 @@ def test_a_tokenizer_directory_must_hold_a_tokenizer_file():
     assert not check_tokenizer("tokenizer", ModelListing("/t", "missing"), "vllm").passed
     staged = request(tokenizer="zai-org/GLM-5", tokenizer_dir="/m/zai-org--GLM-5--tokenizer")
     assert ("tokenizer", "zai-org/GLM-5") in staged.models and staged.staged["tokenizer"] == "/m/zai-org--GLM-5--tokenizer"
+
+
+def test_a_gguf_model_needs_the_gguf_package_and_a_loader_in_the_engines_own_python():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import check_gguf_loader
+
+    assert check_gguf_loader("/opt/vllm/0.33.0/bin/python", {"gguf": True, "in_tree": True, "plugin": False}).passed
+    assert check_gguf_loader("/p", {"gguf": True, "in_tree": False, "plugin": True}).passed, "out of tree: the plugin loads it"
+    missing = check_gguf_loader("/p", {"gguf": False, "in_tree": False, "plugin": False})
+    assert not missing.passed and "lacks gguf (vLLM's GGUF loader imports it) and vllm-gguf-plugin" in missing.detail
+    unknown = check_gguf_loader("/p", None, "No such file")
+    assert not unknown.passed and "could not be asked" in unknown.detail
