@@ -88,6 +88,32 @@ def load_faults(engine: str) -> dict:
     return faults
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def gguf_refusal(settings: Settings) -> str | None:
+    """As vLLM refuses them: a GGUF model that is not one whole single-file GGUF (read with llama.cpp's own reader, the
+    gguf package, never our parser), or a tokenizer directory without tokenizer files."""
+    tokenizer = getattr(settings, "tokenizer", None)
+    if tokenizer and Path(tokenizer).is_dir() and not any((Path(tokenizer) / name).exists() for name in TOKENIZER_FILES):
+        return f"OSError: Can't load tokenizer for '{tokenizer}': no tokenizer files in the directory"
+    if settings.engine != "vllm" or not str(settings.model).lower().endswith(".gguf"):
+        return None
+    try:
+        import gguf
+    except ImportError:
+        return "ModuleNotFoundError: No module named 'gguf' (vLLM's GGUF loader imports it)"
+    try:
+        reader = gguf.GGUFReader(settings.model)
+    except (OSError, ValueError, IndexError) as exc:
+        return f"ValueError: {settings.model} is not a GGUF file vLLM can load: {exc}"
+    count = reader.fields.get("split.count")
+    if count is not None and int(count.parts[count.data[0]][0]) > 1:
+        return (f"ValueError: {settings.model} is part of a split GGUF; vLLM only supports loading single-file GGUF models "
+                "(merge them with gguf-split)")
+    return None
+
+
 def weight_files(paths: list[str]) -> list[Path]:
     return [weights for path in paths if Path(path).is_dir() for weights in sorted(Path(path).iterdir()) if weights.name.endswith(WEIGHT_SUFFIXES)]
 
@@ -139,6 +165,7 @@ class Settings:
             self.max_sequences = int(args.max_num_seqs) if args.max_num_seqs and str(args.max_num_seqs).isdigit() else None
             # the sleep endpoints exist only in the server's development mode
             self.can_park = bool(args.enable_sleep_mode) and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+            self.tokenizer = args.tokenizer
             self.keeps_weights = True
         else:
             self.model = args.model_path
@@ -484,6 +511,9 @@ def main(argv: list[str]) -> None:
     faults = load_faults(engine)
     if faults.get("exit_on_start"):
         fail("RuntimeError: simulated start failure (exit_on_start)")
+    refusal = gguf_refusal(settings)
+    if refusal:
+        fail(refusal)
     server = Server(settings, faults)
     signal.signal(signal.SIGTERM, signal.SIG_IGN if faults.get("ignore_sigterm") else server.on_sigterm)
     signal.signal(signal.SIGINT, server.on_sigterm)

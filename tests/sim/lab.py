@@ -51,6 +51,7 @@ MODEL_MIB = int(os.environ.get("GPUFLEET_LAB_MODEL_MIB") or 64)
 ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, published on 127.0.0.1 with --http-port
 HUGGINGFACE_HUB = "2.4.0"  # as requirements-dev.txt pins it
 PROMETHEUS_CLIENT = "0.26.0"  # as requirements-dev.txt pins it
+GGUF = "0.19.0"  # as requirements-dev.txt pins it: the vLLM double reads a GGUF model with llama.cpp's own reader
 RECIPE_VERSION = "5"  # bump when build_image() changes
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 # libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
@@ -190,6 +191,8 @@ def build_image() -> str:
              "--target", str(site), "nvidia-ml-py==13.615.71"])
         # model_stage downloads with the engines' own hub client (from the node's loopback hub endpoint in the lab)
         run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), f"huggingface_hub=={HUGGINGFACE_HUB}"])
+        # the vLLM double refuses a GGUF that is not one whole file, as vLLM does, reading it with the gguf package
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), f"gguf=={GGUF}"])
         # the nodes' metrics are written with prometheus_client's exposition code
         run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), f"prometheus-client=={PROMETHEUS_CLIENT}"])
         # node_exporter and the package's textfile timers stay off: a scenario that reads the metrics starts the exporter

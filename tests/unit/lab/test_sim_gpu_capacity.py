@@ -71,3 +71,36 @@ def test_a_holder_process_refused_its_memory_exits_naming_it(sim):
 ])
 def test_the_sglang_double_derives_its_default_share_as_sglang_does(total_mib, tp, speculative, fraction):
     assert engine_double.sglang_default_fraction(total_mib, tp, speculative) == fraction
+
+
+def test_the_vllm_double_refuses_what_vllm_refuses_of_a_gguf(tmp_path):
+    """A split part (vLLM loads single-file GGUF only), a file that is no GGUF, a tokenizer directory without tokenizer
+    files - each read with the gguf package, the oracle; one whole GGUF with a tokenizer passes."""
+    gguf = pytest.importorskip("gguf")
+    np = pytest.importorskip("numpy")
+    import types
+
+    def write(path, split_max_tensors=0):
+        writer = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+        for index in range(4):
+            writer.add_tensor(f"t{index}", np.arange(8, dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    (tmp_path / "split").mkdir()
+    write(tmp_path / "split" / "m.gguf", split_max_tensors=2)
+    write(tmp_path / "model.gguf")
+    (tmp_path / "garbage.gguf").write_bytes(b"not a gguf at all" * 10)
+    tokenizer, empty = tmp_path / "tok", tmp_path / "empty"
+    tokenizer.mkdir()
+    empty.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+
+    def settings(model, tok=None):
+        return types.SimpleNamespace(engine="vllm", model=str(model), tokenizer=str(tok) if tok else None)
+    assert engine_double.gguf_refusal(settings(tmp_path / "model.gguf", tokenizer)) is None
+    assert "split GGUF" in engine_double.gguf_refusal(settings(tmp_path / "split" / "m-00001-of-00002.gguf"))
+    assert "is not a GGUF file vLLM can load" in engine_double.gguf_refusal(settings(tmp_path / "garbage.gguf"))
+    assert "no tokenizer files" in engine_double.gguf_refusal(settings(tmp_path / "model.gguf", empty))
