@@ -165,7 +165,8 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
                 checks.append(preflight.check_tokenizer(label, listing, request.user))
                 continue
             checks.append(preflight.check_model(label, listing, request.user))
-    gguf_model = request.engine == "vllm" and any(label == "model" and path.lower().endswith(".gguf") for label, path in request.models)
+    served = [request.staged.get(label, path) for label, path in request.models if label == "model"]
+    gguf_model = request.engine == "vllm" and any(path.lower().endswith(".gguf") for path in served)
     if "model" in request.checks and gguf_model and request.version_argv:
         python = request.python or probe.interpreter(request.version_argv[0])
         found, error = probe.gguf_loader(python, request.version_timeout) if python else (None, f"{request.version_argv[0]} names no interpreter")

@@ -463,6 +463,8 @@ def engine_facts(config: dict, engine: str) -> dict:
         "model_path": staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model") or None,
         # one GGUF quant of a hub repository (org/name:QUANT): staged alone, and merged into one file when split
         "model_quant": hub_quant(read.text("model"))[1],
+        # what the preflight checks where the switch stages it: the directory, or one quant's model.gguf
+        "model_staged_path": staged_model_path(read.text("model"), staged_model_dir(read)) or None,
         # a GGUF model needs the gguf package in the engine's environment (vLLM's loader imports it)
         "gguf": engine == "vllm" and is_gguf(staged_model_path(read.text("model"), staged_model_dir(read)) or read.text("model")),
         # the interpreter the engine runs in, where the role knows it (a pinned install's virtualenv, SGLang's python)
