@@ -243,14 +243,14 @@ def stage_items(target: dict) -> list[dict]:
     if target.get("model_dir"):
         repository, quant = staging.hub_quant(target["model"])
         # one quant of a repository of many: only its files, merged into the one file the engine loads
-        items.append({"source": repository, "revision": target.get("model_revision") or "main", "dest": target["model_dir"],
-                      "quant": quant, "merge_gguf": bool(quant)})
+        items.append({"label": target["model"], "source": repository, "revision": target.get("model_revision") or "main",
+                      "dest": target["model_dir"], "quant": quant, "merge_gguf": bool(quant)})
     if target.get("tokenizer_dir"):
         # the base model's tokenizer and config, never its weights
-        items.append({"source": target["tokenizer"], "revision": "main", "dest": target["tokenizer_dir"], "files": staging.TOKENIZER_FILES,
-                      "files_optional": True})
+        items.append({"label": target["tokenizer"], "source": target["tokenizer"], "revision": "main", "dest": target["tokenizer_dir"],
+                      "files": staging.TOKENIZER_FILES, "files_optional": True})
     if target.get("draft_model_dir"):
-        items.append({"source": target["draft_model"], "revision": "main", "dest": target["draft_model_dir"]})
+        items.append({"label": target["draft_model"], "source": target["draft_model"], "revision": "main", "dest": target["draft_model_dir"]})
     return items
 
 

@@ -279,6 +279,9 @@ def stage_record(result: dict, source: str) -> dict | None:
             "bytes": int(result.get("bytes") or 0), "resumed_bytes": int(result.get("resumed_bytes") or 0),
             "seconds": float(result.get("seconds") or 0.0), "rate_mib_s": result.get("rate_mib_s"),
             "room": dict(result.get("room") or {}), "removed": list(result.get("removed") or []), "problems": list(result.get("problems") or []),
+            # one GGUF quant: the file it is served from, and its parts' merge
+            "gguf": {key: (result.get("gguf") or {}).get(key) for key in ("file", "parts", "merge", "bytes", "seconds", "rate_mib_s")}
+            if result.get("gguf") else None,
             "error": failure_reason(result) if failed else None}
 
 
@@ -376,6 +379,7 @@ def switch_host_report(record: dict) -> dict:
         "prewarm": _prewarm(record.get("prewarm")),
         "stage": record.get("stage") or None,
         "stage_draft": record.get("stage_draft") or None,
+        "stage_tokenizer": record.get("stage_tokenizer") or None,
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
@@ -457,13 +461,19 @@ def stage_line(stage: dict, planned: bool) -> str:
         return f"stage of {source} failed: {stage['error']}"
     if stage.get("present"):
         return f"model {source} already staged in {stage.get('dest')}, complete: nothing fetched"
+    gguf = stage.get("gguf") or {}
     if planned:
         room = stage.get("room") or {}
-        return (f"would fetch {_gib(stage.get('bytes') or 0)} of {source} ({stage.get('files')} file(s)) into {stage.get('dest')}, "
+        merge = (f", then merge its {gguf['parts']} parts into {gguf['file']} (room for both: {_gib(room.get('needed_bytes') or 0)})"
+                 if gguf.get("merge") else "")
+        return (f"would fetch {_gib(stage.get('bytes') or 0)} of {source} ({stage.get('files')} file(s)) into {stage.get('dest')}{merge}, "
                 f"{_gib(room.get('free_bytes') or 0)} free{freed}")
     rate = f", {stage['rate_mib_s']} MiB/s" if stage.get("rate_mib_s") else ""
     resumed = f" (resumed: {_gib(stage['resumed_bytes'])} were there)" if stage.get("resumed_bytes") else ""
-    return f"staged {source}: fetched {_gib(stage.get('bytes') or 0)} in {_seconds(stage.get('seconds'))} s{rate}{resumed} before the drain{freed}"
+    merged = (f"; merged {gguf['parts']} parts into {gguf['file']} in {_seconds(gguf.get('seconds'))} s"
+              + (f", {gguf['rate_mib_s']} MiB/s" if gguf.get("rate_mib_s") else "")) if gguf.get("merge") and gguf.get("bytes") else ""
+    return (f"staged {source}: fetched {_gib(stage.get('bytes') or 0)} in {_seconds(stage.get('seconds'))} s{rate}{resumed}{merged} "
+            f"before the drain{freed}")
 
 
 def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
@@ -474,7 +484,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
             "metrics_warnings": []}
 
@@ -751,7 +761,7 @@ def switch_table(document: dict) -> str:
                 details.append(f"{host}: would write {report.get('to')}'s {' and '.join(changes)} (--diff shows the unit)")
             for process in plan.get("processes_to_signal") or []:
                 details.append(f"{host}: would signal {process.get('pid')} ({whose(process)}) {_shorten(process.get('cmdline') or '')}")
-        for stage in (report.get("stage"), report.get("stage_draft")):
+        for stage in (report.get("stage"), report.get("stage_draft"), report.get("stage_tokenizer")):
             if stage:
                 details.append(f"{host}: {stage_line(stage, bool(plan))}")
         prewarm = report.get("prewarm")

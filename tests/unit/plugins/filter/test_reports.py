@@ -78,7 +78,8 @@ ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(term
            (r"\.protected\[\]\.(?!reason)", ".killed[]."),
            (r"\.outside\[\]\.(?!placement)", ".killed[]."),
            (r"\.memory_before\[\]\.", ".memory_after[]."),
-           (r"\.leftover_mib\.\d+$", ".leftover_mib")]  # keyed by GPU index
+           (r"\.leftover_mib\.\d+$", ".leftover_mib"),  # keyed by GPU index
+           (r"\.stage_tokenizer\.", ".stage.")]  # documented as "the same keys as stage"
 
 
 def documented_keys(heading: str) -> set[str]:
@@ -143,7 +144,8 @@ def planned_record() -> dict:
                          prewarm={"changed": False, "bytes": 0, "total_bytes": 10, "files": 1, "seconds": 0.0, "finished": False,
                                   "skipped_reason": "check mode: nothing read"},
                          plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False}},
-                         stage=reports.stage_record(STAGE_PLAN, "lab/tiny-llama"))
+                         stage=reports.stage_record(STAGE_PLAN, "lab/tiny-llama"),
+                         stage_tokenizer=reports.stage_record(dict(STAGE_PLAN, gguf=None), "lab/tiny-base"))
 
 
 # what model_stage answers in check mode for a hub model that needs fetching and room made
@@ -151,7 +153,16 @@ STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet-models/
               "fetch": [{"name": "model.safetensors", "bytes": 3 * 2**30}, {"name": "config.json", "bytes": 600}],
               "bytes": 3 * 2**30 + 600, "seconds": 0.0, "rate_mib_s": None,
               "room": {"free_bytes": 2 * 2**30, "needed_bytes": 4 * 2**30, "ok": True},
-              "removed": [{"path": "/var/lib/gpufleet-models/old--model", "bytes": 2**31}], "problems": []}
+              "removed": [{"path": "/var/lib/gpufleet-models/old--model", "bytes": 2**31}], "problems": [],
+              "gguf": {"file": "/var/lib/gpufleet-models/lab--tiny-llama/model.gguf", "parts": 3, "merge": True}}
+
+
+def test_the_stage_line_says_a_quant_is_fetched_alone_and_merged():
+    planned = reports.stage_line(reports.stage_record(STAGE_PLAN, "lab/Tiny-GGUF:Q4_K_M"), True)
+    assert "then merge its 3 parts into /var/lib/gpufleet-models/lab--tiny-llama/model.gguf (room for both: 4.00 GiB)" in planned
+    done = dict(STAGE_PLAN, gguf=dict(STAGE_PLAN["gguf"], bytes=2**30, seconds=2.5, rate_mib_s=409.6), seconds=10.0, rate_mib_s=300.0)
+    line = reports.stage_line(reports.stage_record(done, "lab/Tiny-GGUF:Q4_K_M"), False)
+    assert "; merged 3 parts into /var/lib/gpufleet-models/lab--tiny-llama/model.gguf in 2.5 s, 409.6 MiB/s before the drain" in line
 
 
 def test_the_stage_record_keeps_what_was_fetched_or_would_be_and_why_it_failed():
