@@ -90,8 +90,9 @@ def test_hub_models_are_staged_on_the_controllers_step_and_the_spec_floor_is_ver
     steps = switch_plan.plan(settings(min_spec_acceptance=0.5), found(engines={"vllm": VLLM, "sglang": hub}))
     assert steps["where"]["stage_model"] == "controller" and steps["where"]["verify"] == "controller"
     assert steps["where"]["soak"] == "controller" and steps["where"]["release"] == "controller"
-    assert steps["stage_items"] == [{"source": "org/m", "revision": "v2", "dest": "/srv/models/org--m@v2", "quant": None, "merge_gguf": False},
-                                    {"source": "org/d", "revision": "main", "dest": "/srv/models/org--d"}]
+    assert steps["stage_items"] == [{"label": "org/m", "source": "org/m", "revision": "v2", "dest": "/srv/models/org--m@v2", "quant": None,
+                                     "merge_gguf": False},
+                                    {"label": "org/d", "source": "org/d", "revision": "main", "dest": "/srv/models/org--d"}]
 
 
 def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
@@ -101,9 +102,9 @@ def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
                  tokenizer="zai-org/GLM-5", tokenizer_dir="/srv/models/zai-org--GLM-5--tokenizer")
     steps = switch_plan.plan(settings(target="vllm"), found(engines={"vllm": quant, "sglang": SGLANG}, found=["sglang"], serving=["sglang"],
                                                             previous="sglang"))
-    assert steps["stage_items"] == [{"source": "unsloth/GLM-5-GGUF", "revision": "main", "dest": "/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL",
-                                     "quant": "UD-Q4_K_XL", "merge_gguf": True},
-                                    {"source": "zai-org/GLM-5", "revision": "main", "dest": "/srv/models/zai-org--GLM-5--tokenizer",
+    assert steps["stage_items"] == [{"label": "unsloth/GLM-5-GGUF:UD-Q4_K_XL", "source": "unsloth/GLM-5-GGUF", "revision": "main",
+                                     "dest": "/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL", "quant": "UD-Q4_K_XL", "merge_gguf": True},
+                                    {"label": "zai-org/GLM-5", "source": "zai-org/GLM-5", "revision": "main", "dest": "/srv/models/zai-org--GLM-5--tokenizer",
                                      "files": staging.TOKENIZER_FILES, "files_optional": True}], "the base model's tokenizer, never its weights"
 
 
