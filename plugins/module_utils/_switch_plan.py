@@ -145,10 +145,12 @@ def plan(settings: Settings, node: Found) -> dict:
         raise InvalidInput(before_read(settings)["rotation_error"])
     no_balancer = settings.rotation == "none"
     # with no balancer between them, the cutover takes over the steps around its drain (module runs fewer); not where
-    # the preflight has work of its own first (a pinned install, the target's user to create), nor when only planning
-    cutover_prepares = (no_balancer and not settings.check_mode and not installs
+    # the preflight has work of its own first (a pinned install, the target's user to create), nor when only planning,
+    stages_model = bool(target.get("model_dir") or target.get("draft_model_dir") or target.get("tokenizer_dir"))
+    # ... nor before a download: what the preflight refuses (the engine cannot load the model, a foreign holder) is
+    # known before hours of fetching, not after
+    cutover_prepares = (no_balancer and not settings.check_mode and not installs and not stages_model
                         and not (target.get("dedicated_user") and not node.user_ready))
-    stages_model = bool(target.get("model_dir") or target.get("draft_model_dir"))
     prunes = installs and target.get("virtualenvs_root") is not None
     soak_here = no_balancer and settings.min_spec_acceptance is None
     where = {

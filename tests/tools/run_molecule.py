@@ -29,11 +29,11 @@ BIN = Path(sys.executable).parent
 # Longest first, measured on 2 cores; scenarios not listed are placed by the same rule with this default.
 EXPECTED_SECONDS = {"switch_faults": 580, "switch_engine": 465, "switch_traffic": 100, "switch_readme": 90, "teardown_units": 130,
                     "engine_install": 160, "engine_units": 70, "teardown_faults": 50, "real_vllm": 600,
-                    "fleet_slices": 150, "switch_park": 150, "switch_metrics": 90}
+                    "fleet_slices": 150, "switch_park": 150, "switch_metrics": 90, "switch_pivot": 120}
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
 # teardown_units' cases are each about one node's units; real_vllm runs vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
-               "switch_park": ["--nodes", "1"], "switch_metrics": ["--nodes", "1", "--metrics-port", "{metrics_port}"],
+               "switch_park": ["--nodes", "1"], "switch_pivot": ["--nodes", "1"], "switch_metrics": ["--nodes", "1", "--metrics-port", "{metrics_port}"],
                "real_vllm": ["--nodes", "1", "--real-vllm"]}
 DEFAULT_SECONDS = 120
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -95,6 +95,16 @@ def test_hub_models_are_staged_on_the_controllers_step_and_the_spec_floor_is_ver
                                     {"label": "org/d", "source": "org/d", "revision": "main", "dest": "/srv/models/org--d"}]
 
 
+def test_a_switch_that_stages_a_model_checks_the_target_before_it_fetches_anything():
+    """With no balancer the preflight is the cutover's first step - unless a model is staged first: then it runs before
+    the download, so that what would refuse the target (the engine cannot load the model) is known before hours of fetching."""
+    plain = switch_plan.plan(settings(), found(found=["vllm"], serving=["vllm"], previous="vllm"))
+    hub = dict(SGLANG, model="org/m", model_dir="/srv/models/org--m")
+    staging_first = switch_plan.plan(settings(), found(engines={"vllm": VLLM, "sglang": hub}, found=["vllm"], serving=["vllm"], previous="vllm"))
+    assert plain["where"]["preflight"] == "cutover"
+    assert staging_first["where"]["preflight"] == "controller" and staging_first["where"]["stage_model"] == "controller"
+
+
 def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
     """vllm_model: org/name-GGUF:QUANT - the repository without the quant is the source, the quant selects its files,
     and a split set is merged into the one file the engine loads."""
