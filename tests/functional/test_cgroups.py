@@ -165,38 +165,37 @@ def test_a_cgroup_kill_that_fails_falls_back_to_the_loop_and_says_why(tmp_path):
 
 
 @pytest.mark.covers('S12', 'E9')
-def test_cgroup_kill_journals_every_member_before_the_write(tmp_path):
-    """E9 for the cgroup.kill path: each member's intent is on disk before the one write kills them all. The group is a
-    stand-in whose cgroup.kill is a FIFO; its reader plays the kernel: it reads the journal at the moment of the write,
-    then kills the members. A journal written after the write would show nothing then."""
+def test_cgroup_kill_journals_every_member_before_the_write(tmp_path, monkeypatch):
+    """E9 for the cgroup.kill path: each member's intent is on disk before the one write that kills them all. The group
+    is a stand-in directory; the kernel's side is played where the module opens cgroup.kill: the journal is read at
+    that moment (a journal written after the write would show nothing then), then the members are killed."""
+    import builtins
     import json
-    import threading
 
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd
     from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 
     members = [subprocess.Popen(["sleep", "1000"]) for _member in range(2)]
     group_dir = tmp_path / "vllm.service"
     group_dir.mkdir()
     (group_dir / "cgroup.procs").write_text("".join(f"{member.pid}\n" for member in members))
-    os.mkfifo(group_dir / "cgroup.kill")
+    (group_dir / "cgroup.kill").write_text("")
     journal_path = tmp_path / "journal" / "signals.jsonl"
     seen = {}
 
-    def kernel():
-        with open(group_dir / "cgroup.kill", encoding="ascii") as kill:
-            seen["written"] = kill.read()
-        seen["journal"] = [json.loads(line) for line in journal_path.read_text().splitlines()] if journal_path.exists() else []
-        for member in members:
-            member.kill()
+    def kernel_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("cgroup.kill") and "w" in mode:
+            seen["journal"] = [json.loads(line) for line in journal_path.read_text().splitlines()] if journal_path.exists() else []
+            for member in members:
+                member.kill()
+        return builtins.open(path, mode, *args, **kwargs)
 
-    thread = threading.Thread(target=kernel, daemon=True)
-    thread.start()
+    monkeypatch.setattr(_systemd, "open", kernel_open, raising=False)
     try:
         reader = ProcReader()
         journal = Journal(str(journal_path), "run-1", "systemd_stop_hard", reader).open()
         assert Cgroup(str(group_dir), reader).kill_all(Signaller(reader, journal=journal), Deadline(10)) == "cgroup.kill"
-        thread.join(10)
-        assert seen["written"] == "1"
+        assert (group_dir / "cgroup.kill").read_text() == "1"
         intents = [(line["pid"], line["phase"], line["signal"], line["via"]) for line in seen["journal"]]
         assert intents == [(member.pid, "intent", "SIGKILL", "cgroup.kill") for member in members], seen["journal"]
         after = [json.loads(line) for line in journal_path.read_text().splitlines()]

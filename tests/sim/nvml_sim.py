@@ -167,8 +167,8 @@ def used_mib(root: Path, gpu: int) -> tuple[int, int]:
             continue
         try:
             words = path.read_text(encoding="ascii").split()
-        except (FileNotFoundError, UnicodeDecodeError):
-            continue
+        except (FileNotFoundError, PermissionError, UnicodeDecodeError):
+            continue  # gone, or written by an older lab without read access: the library skips it too
         fields = dict(word.split("=", 1) for word in words if "=" in word)
         if int(fields.get("gpu", -1)) != gpu:
             continue
@@ -239,6 +239,7 @@ def _write_allocation(root, gpu, mib, holders, reported_pid, kind, linger_ms, le
     path = Path(root) / "alloc" / name
     partial = path.with_name(f".{name}.partial")  # dot files are ignored by the library
     partial.write_text(f"gpu={gpu} mib={mib} pid={reported} kind={kind} {holder_words}\n", encoding="ascii")
+    partial.chmod(0o644)  # every process reads every allocation, as the driver sees every context (engines run with UMask=0027)
     partial.rename(path)
     return path
 
@@ -262,4 +263,5 @@ def _rewrite(path: Path, mib: int) -> None:
     words = [f"mib={mib}" if word.startswith("mib=") else word for word in path.read_text(encoding="ascii").split()]
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(" ".join(words) + "\n", encoding="ascii")
+    partial.chmod(0o644)
     partial.rename(path)

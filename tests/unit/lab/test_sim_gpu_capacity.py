@@ -104,3 +104,16 @@ def test_the_vllm_double_refuses_what_vllm_refuses_of_a_gguf(tmp_path):
     assert "split GGUF" in engine_double.gguf_refusal(settings(tmp_path / "split" / "m-00001-of-00002.gguf"))
     assert "is not a GGUF file vLLM can load" in engine_double.gguf_refusal(settings(tmp_path / "garbage.gguf"))
     assert "no tokenizer files" in engine_double.gguf_refusal(settings(tmp_path / "model.gguf", empty))
+
+
+def test_every_process_can_read_every_allocation_whatever_its_umask(sim):
+    """Engines run with UMask=0027 as their own users; the capacity check of one reads the others' allocations (the lab's
+    first run with the check failed every SGLang start on vLLM's unreadable file)."""
+    previous = os.umask(0o027)
+    try:
+        path = sim.allocate(0, 1000, [os.getpid()])
+        nvml_sim.resize(path, 2000)
+    finally:
+        os.umask(previous)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert (sim.root / "alloc" / ".capacity.lock").stat().st_mode & 0o666 == 0o666
