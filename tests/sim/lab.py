@@ -52,7 +52,7 @@ ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, publishe
 HUGGINGFACE_HUB = "2.4.0"  # as requirements-dev.txt pins it
 PROMETHEUS_CLIENT = "0.26.0"  # as requirements-dev.txt pins it
 GGUF = "0.19.0"  # as requirements-dev.txt pins it: the vLLM double reads a GGUF model with llama.cpp's own reader
-RECIPE_VERSION = "5"  # bump when build_image() changes
+RECIPE_VERSION = "6"  # bump when build_image() changes (6: the gguf package)
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 # libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
