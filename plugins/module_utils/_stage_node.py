@@ -212,7 +212,7 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
                 return dict(result, present=True, changed=True)
             return dict(result, present=True, changed=not os.path.isdir(dest))
     elif os.path.isdir(dest):
-        problems = staging.checkpoint_problems(disk.listing(dest), expected)
+        problems = staging.checkpoint_problems(disk.listing(dest), expected, weights_expected(expected))
         if not problems:
             return dict(result, present=True)
         result["problems"] = problems
@@ -236,6 +236,11 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
 
 
 MANIFEST = ".gguf-model.json"
+
+
+def weights_expected(expected: dict) -> bool:
+    """Whether the selected files are a model (some weights) or not (a tokenizer and config staged alone)."""
+    return any(name.endswith(staging.WEIGHT_SUFFIXES) for name in expected)
 
 
 def gguf_model_present(directory: str, source_files: list[tuple[str, int]]) -> bool:
@@ -289,7 +294,7 @@ def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.Stage
             os.unlink(staging.progress_path(dest))
     listing = disk.listing(partial)
     problems = staging.checkpoint_problems(staging.Listing({name: size for name, size in listing.files.items() if name in expected},
-                                                           listing.read_head), expected)
+                                                           listing.read_head), expected, weights_expected(expected))
     if problems:
         raise Error(f"{params['source']}: the download is incomplete ({'; '.join(problems[:5])}); a rerun resumes it", **result)
     if model_parts:

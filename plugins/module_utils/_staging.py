@@ -154,19 +154,20 @@ def header_bytes_needed(head: bytes) -> int:
     return 8 + struct.unpack("<Q", head[:8])[0] if len(head) >= 8 else 8
 
 
-def checkpoint_problems(listing: Listing, expected_sizes: dict[str, int] | None = None) -> list[str]:
+def checkpoint_problems(listing: Listing, expected_sizes: dict[str, int] | None = None, weights_expected: bool = True) -> list[str]:
     """Why a model directory is not a complete checkpoint; [] when it is.
 
     Every file an index names is there; every safetensors file has the length its own header gives; every part of
-    a split GGUF is there; files whose size the source gave (expected_sizes) have exactly that size.
+    a split GGUF is there; files whose size the source gave (expected_sizes) have exactly that size. Without
+    ``weights_expected`` (a tokenizer staged without its model's weights) only the files and their sizes are held.
     """
     files = listing.files
     problems = []
     weights = [name for name in files if name.endswith(WEIGHT_SUFFIXES)]
     gguf_only = weights and all(name.endswith(".gguf") for name in weights)
-    if "config.json" not in files and not gguf_only:
+    if "config.json" not in files and not gguf_only and weights_expected:
         problems.append("no config.json")
-    if not weights:
+    if not weights and weights_expected:
         problems.append(f"no weight files ({', '.join('*' + suffix for suffix in WEIGHT_SUFFIXES)})")
     for index in INDEXES:
         if index in files:

@@ -97,6 +97,11 @@ def quant_hub(tmp_path):
     write_gguf(repository / "Q4_K_M" / "Tiny-Q4_K_M.gguf", TENSORS, split_max_tensors=2)
     write_gguf(repository / "Tiny-Q8_0.gguf", TENSORS)
     (repository / "README.md").write_text("tiny\n")
+    base = tmp_path / "hub" / "acme" / "tiny-base"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (base / "tokenizer.json").write_text("{}")
+    (base / "model.safetensors").write_bytes(b"\0" * 4096)
     log = tmp_path / "hub.log"
     server = subprocess.Popen([sys.executable, str(ENDPOINT), "--root", str(tmp_path / "hub"), "--log", str(log)], stdout=subprocess.PIPE, text=True)
     endpoint = f"http://127.0.0.1:{server.stdout.readline().split()[1]}"
@@ -158,3 +163,21 @@ def test_room_for_the_parts_and_the_merge_is_checked_before_the_first_byte(tmp_p
                                          "endpoint": endpoint, "margin_mib": free // (1 << 20) + 1024})
     assert refused.failed and refused["room"]["ok"] is False and refused["room"]["merge_bytes"] > 0
     assert "nothing was written" in refused["msg"] and not log.exists() and not dest.exists()
+
+
+def test_a_tokenizer_is_staged_without_its_models_weights(tmp_path, quant_hub):
+    """The base model's tokenizer and config for a GGUF: only those files fetched (never the weights), verified by their
+    sizes; a rerun finds them complete."""
+    pytest.importorskip("huggingface_hub")
+    _repository, endpoint, log = quant_hub
+    from ansible_collections.gpufleet.serving.plugins.module_utils._staging import TOKENIZER_FILES
+
+    dest = tmp_path / "models" / "acme--tiny-base--tokenizer"
+    args = {"source": "acme/tiny-base", "files": TOKENIZER_FILES, "files_optional": True, "dest": str(dest), "endpoint": endpoint,
+            "margin_mib": 0}
+    staged = run_module("model_stage", args)
+    assert not staged.failed, staged["msg"]
+    assert sorted(line.split()[1] for line in log.read_text().splitlines()) == ["config.json", "tokenizer.json"]
+    assert sorted(path.name for path in dest.iterdir() if path.name != ".cache") == ["config.json", "tokenizer.json"]
+    again = run_module("model_stage", args)
+    assert not again.failed and again["present"] and again["changed"] is False
