@@ -152,7 +152,7 @@ def planned_record() -> dict:
 STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet-models/lab--tiny-llama", "present": False,
               "fetch": [{"name": "model.safetensors", "bytes": 3 * 2**30}, {"name": "config.json", "bytes": 600}],
               "bytes": 3 * 2**30 + 600, "seconds": 0.0, "rate_mib_s": None,
-              "room": {"free_bytes": 2 * 2**30, "needed_bytes": 4 * 2**30, "ok": True},
+              "room": {"free_bytes": 2 * 2**30, "needed_bytes": 4 * 2**30, "ok": True, "merge_bytes": 2**30},
               "removed": [{"path": "/var/lib/gpufleet-models/old--model", "bytes": 2**31}], "problems": [],
               "gguf": {"file": "/var/lib/gpufleet-models/lab--tiny-llama/model.gguf", "parts": 3, "merge": True}}
 
