@@ -725,8 +725,8 @@ def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(de
     first = run_module(MODULE, args, env=nvml_env, timeout=30)
     # the deadline held: the module's own time within its budget (TERM 0.5 s + KILL 1 s, and the scan and NVML reads),
     # and the whole run (with the interpreter's start) well inside the harness's 30 s
-    assert first["elapsed"] < 0.5 + 1 + 2, f"the module took {first['elapsed']:.1f}s of a 1.5s budget"
-    assert time.monotonic() - started < 0.5 + 1 + 8
+    assert first["elapsed"] < 0.5 + 1 + 4, f"the module took {first['elapsed']:.1f}s of a 1.5s budget"
+    assert time.monotonic() - started < 0.5 + 1 + 15
     assert first.failed and f"{pid} (python" in first["msg"] and "state D" in first["msg"]
     (survivor,) = first["survivors"]
     assert survivor["pid"] == pid and survivor["state"] == "D" and survivor["cmdline"] is None

@@ -629,7 +629,7 @@ def test_an_unkillable_process_in_the_unit_fails_the_stop_at_its_deadline(unit_p
     started = time.monotonic()
     outcome = run_stop(fake, stop_timeout=0.5, kill_timeout=1)
     elapsed = time.monotonic() - started
-    assert elapsed < 0.5 + 1 + 2, f"the stop took {elapsed:.1f}s of a 1.5s budget"
+    assert elapsed < 0.5 + 1 + 4, f"the stop took {elapsed:.1f}s of a 1.5s budget"
     assert outcome.escalated and [survivor["pid"] for survivor in outcome.survivors] == [wedged.pid]
     (survivor,) = outcome.survivors
     assert survivor["state"] == "D" and "SIGKILL" in survivor["signals_pending"]
