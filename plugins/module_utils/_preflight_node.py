@@ -49,9 +49,9 @@ OPTIONS = dict(
     previous=dict(type="dict", options=dict(engine=dict(type="str", choices=["vllm", "sglang"]), memory_fraction=dict(type="float"),
                                             gpus_needed=dict(type="int", default=1), visible_devices=dict(type="str"))),
     model_dir=dict(type="path"),
-    tokenizer=dict(type="str"),
+    tokenizer=dict(type="str", no_log=False),  # a model name, not a secret
     python=dict(type="str"),
-    tokenizer_dir=dict(type="path"),
+    tokenizer_dir=dict(type="path", no_log=False),
     draft_model_dir=dict(type="path"),
 )
 
