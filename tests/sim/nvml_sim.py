@@ -14,11 +14,13 @@ file descriptors. `pid` may name a process that is already dead: that is NVML's 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,8 +184,6 @@ def used_mib(root: Path, gpu: int) -> tuple[int, int]:
 
 
 def _lingers(marker: Path, linger_ms: int) -> bool:
-    import time
-
     try:
         gone_ms = int(marker.read_text(encoding="ascii").split()[0])
     except (OSError, ValueError, IndexError):
@@ -198,8 +198,6 @@ class _CapacityLock:
         self.path = Path(root) / "alloc" / ".capacity.lock"
 
     def __enter__(self):
-        import fcntl
-
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             if os.fstat(self.fd).st_uid == os.geteuid():
