@@ -116,3 +116,15 @@ def test_a_molecule_task_counts_only_where_it_ran_and_passed(tmp_path):
 def test_the_gate_fails_when_a_case_the_map_covers_was_not_proven(tmp_path, capsys):
     assert catalogue_map.check_run(_write_run(tmp_path / "empty", {}, [])) == 1
     assert "NOT PROVEN S1:" in capsys.readouterr().out
+
+
+def test_a_task_named_for_a_range_proves_every_case_in_it(tmp_path):
+    """The callback records the ids it sees ("S6-S13" gives S6 and S13); the map reads the task's name itself, so S7
+    to S12 are proven by the same task (the gate run of stop 50 called them 'did not run')."""
+    tasks = catalogue_map.molecule_tasks(REPO / "molecule")["S7"]
+    ranged = [name for _path, name in tasks if "S6-S13" in name]
+    assert ranged, tasks
+    lines = [{"cases": ["S6", "S13"], "task": name, "outcome": "passed"} for _path, name in tasks]
+    outcomes = {"S7": [[test, "passed"] for test in catalogue_map.pytest_tests(REPO / "tests").get("S7", [])]}
+    covered, missing = catalogue_map.run_map(_write_run(tmp_path / "range", outcomes, lines))
+    assert "S7" in covered, missing.get("S7")
