@@ -24,12 +24,14 @@ display = Display()
 
 
 def progress_line(label: str, progress: dict | None, waited: float) -> str:
-    """'lab/tiny-llama: 1.20 of 3.00 GiB (40 %), 85.3 MiB/s' - or how long it has been going when no figures are in."""
+    """'lab/tiny-llama: 1.20 of 3.00 GiB (40 %), 85.3 MiB/s' ('merging 1.20 of ...' for a split GGUF's merge) - or how
+    long it has been going when no figures are in."""
     if not progress or not progress.get("bytes_total"):
         return f"{label}: running for {waited:.0f} s (no figures yet)"
     done, total = progress.get("bytes_done") or 0, progress["bytes_total"]
     rate = f", {progress['rate_mib_s']:.1f} MiB/s" if progress.get("rate_mib_s") else ""
-    return f"{label}: {done / 2**30:.2f} of {total / 2**30:.2f} GiB ({100 * done / total:.0f} %){rate}"
+    step = "merging " if progress.get("step") == "merge" else ""
+    return f"{label}: {step}{done / 2**30:.2f} of {total / 2**30:.2f} GiB ({100 * done / total:.0f} %){rate}"
 
 
 class ActionModule(ActionBase):

@@ -93,15 +93,44 @@ def read_token(path: str | None) -> str | None:
 PROGRESS_SECONDS = 1.0
 
 
-def write_progress(path: str, done: int, total: int, started: float, first_done: int) -> None:
-    """Bytes on the node of the total, and the rate since this run began: read by gpufleet.serving.job_wait."""
+def write_progress(path: str, done: int, total: int, started: float, first_done: int, step: str = "download") -> None:
+    """Bytes done of the total, and the rate since this run began, for a download or a merge: read by
+    gpufleet.serving.job_wait."""
     elapsed = time.monotonic() - started
     rate = (done - first_done) / elapsed / staging.MIB if elapsed > 0 else None
     partial = path + ".new"
     with open(partial, "w", encoding="utf-8") as handle:
-        json.dump({"bytes_done": done, "bytes_total": total, "seconds": round(elapsed, 1),
+        json.dump({"step": step, "bytes_done": done, "bytes_total": total, "seconds": round(elapsed, 1),
                    "rate_mib_s": round(rate, 1) if rate is not None else None}, handle)
     os.replace(partial, path)
+
+
+RATES_FILE = ".gpufleet-rates.json"
+
+
+def rates_path(dest: str) -> str:
+    """Where the last measured download and merge rates of this models root are kept (a plan's estimate of a
+    download inside the downtime reads them)."""
+    return os.path.join(os.path.dirname(dest.rstrip("/")), RATES_FILE)
+
+
+def read_rates(dest: str) -> dict:
+    try:
+        with open(rates_path(dest), encoding="utf-8") as handle:
+            rates = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return rates if isinstance(rates, dict) else {}
+
+
+def record_rates(dest: str, **measured: float | None) -> None:
+    """Keep the rates just measured (the others as they were); never a reason to fail a staging."""
+    rates = dict(read_rates(dest), **{name: value for name, value in measured.items() if value})
+    with contextlib.suppress(OSError):
+        partial = rates_path(dest) + ".new"
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(dict(rates, at=round(time.time())), handle)
+        os.replace(partial, rates_path(dest))
 
 
 def download(params: dict, token: str | None, partial: str, fetch_bytes: int, disk: Disk, total_bytes: int = 0) -> float:
@@ -223,16 +252,47 @@ def plan_and_stage(params: dict, check_mode: bool, disk: Disk, result: dict) -> 
     # a merge writes the whole model once more beside its parts before they go: room for both
     merge_bytes = sum(expected[name] for name in model_parts) if model_parts and len(model_parts) > 1 else 0
     room_for = fetch + ([("the merged model.gguf", merge_bytes)] if merge_bytes else [])
-    plan = staging.plan_room(room_for, disk.free_bytes(dest), params["margin_mib"] * staging.MIB, candidates, params["prune"])
+    margin = params["margin_mib"] * staging.MIB
+    plan = staging.plan_room(room_for, disk.free_bytes(dest), margin, candidates, params["prune"])
     fetch_bytes = sum(size for _name, size in fetch)
     result.update(fetch=[{"name": name, "bytes": size} for name, size in fetch], bytes=fetch_bytes,
                   room={"free_bytes": plan.free_bytes, "needed_bytes": plan.needed_bytes, "ok": plan.room, "merge_bytes": merge_bytes},
                   removed=[{"path": c["path"], "bytes": c["bytes"]} for c in plan.remove])
+    found = replacement(params, disk, plan, room_for, candidates, merge_bytes)
+    if found:
+        result["replace"] = {"path": found.path, "bytes": found.bytes, "estimate_s": found.estimate_s, "removed": False,
+                             "message": staging.replace_message(params["source"], found)}
+        result["room"]["replace_bytes"] = found.bytes
+        if params["replace"] == "after_stop":
+            # the previous engine still serves from it: nothing is removed or fetched before its stop
+            return dict(result, deferred=True, changed=False)
+        if params["replace"] == "now":
+            plan = found.plan
+            result["removed"] = [{"path": c["path"], "bytes": c["bytes"]} for c in plan.remove]
+            if check_mode:
+                return dict(result, changed=True)
+            shutil.rmtree(found.path)
+            result["replace"]["removed"] = True
     if not plan.room:
-        raise Error(f"{params['source']}: {plan.message}; nothing was written", **result)
+        # the way through, where there is one: asked for explicitly (the switch's switch_engine_replace_model)
+        hint = f"; {result['replace']['message']} (replace: after_stop; switch_engine_replace_model: true)" if found else ""
+        raise Error(f"{params['source']}: {plan.message}{hint}; nothing was written", **result)
     if check_mode:
         return dict(result, changed=bool(fetch) or bool(plan.remove) or not os.path.isdir(dest))
     return fetch_into_place(params, disk, result, plan, token, expected, model_parts)
+
+
+def replacement(params: dict, disk: Disk, plan: staging.StagePlan, room_for: list, candidates: list, merge_bytes: int) -> staging.Replacement | None:
+    """The room made by removing the model this one replaces, where the plan has none and that is enough."""
+    replaceable = params.get("replaceable")
+    if not replaceable or plan.room:
+        return None
+    problem = staging.replaceable_problem(replaceable, params["dest"], params["models_root"])
+    if problem:
+        raise Error(problem)
+    sizes = {os.path.normpath(d["path"]): d["bytes"] for d in disk.model_directories(params["models_root"])}
+    return staging.replacement(plan, room_for, params["margin_mib"] * staging.MIB, candidates, params["prune"], os.path.normpath(replaceable),
+                               sizes.get(os.path.normpath(replaceable), 0), merge_bytes, read_rates(params["dest"]))
 
 
 MANIFEST = ".gguf-model.json"
@@ -255,7 +315,7 @@ def gguf_model_present(directory: str, source_files: list[tuple[str, int]]) -> b
 
 
 def make_gguf_model(partial: str, parts: list[str], source_files: list[tuple[str, int]], keep_parts: bool, owner: str,
-                    source: str) -> dict:
+                    source: str, progress: str | None = None) -> dict:
     """<partial>/model.gguf from the downloaded parts: merged (verified by its header read back) or the one file renamed;
     the parts removed unless kept; a manifest naming what it was made from."""
     target = os.path.join(partial, staging.GGUF_MODEL_FILE)
@@ -265,7 +325,7 @@ def make_gguf_model(partial: str, parts: list[str], source_files: list[tuple[str
         os.replace(paths[0], target)
         report["bytes"] = os.path.getsize(target)
     else:
-        report.update(merge_parts(paths, target, owner, source))
+        report.update(merge_parts(paths, target, owner, source, progress))
         if not keep_parts:
             for path in paths:
                 os.unlink(path)
@@ -298,8 +358,12 @@ def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.Stage
     if problems:
         raise Error(f"{params['source']}: the download is incomplete ({'; '.join(problems[:5])}); a rerun resumes it", **result)
     if model_parts:
-        result["gguf"].update(make_gguf_model(partial, model_parts, sorted(expected.items()), params.get("keep_parts", False),
-                                              params["owner"], params["source"]))
+        try:
+            result["gguf"].update(make_gguf_model(partial, model_parts, sorted(expected.items()), params.get("keep_parts", False),
+                                                  params["owner"], params["source"], staging.progress_path(dest)))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging.progress_path(dest))
     if params["owner"]:
         chown_tree(partial, params["owner"])
     if os.path.isdir(dest):
@@ -307,6 +371,8 @@ def fetch_into_place(params: dict, disk: Disk, result: dict, plan: staging.Stage
     os.rename(partial, dest)
     fetched = max(0, plan.fetch_bytes - resumed)
     rate = fetched / seconds / staging.MIB if seconds > 0 and fetched else None
+    record_rates(dest, download_mib_s=round(rate, 4) if rate else None,
+                 merge_mib_s=(result.get("gguf") or {}).get("rate_mib_s") if (result.get("gguf") or {}).get("merged") else None)
     return dict(result, changed=True, bytes=fetched, resumed_bytes=resumed, seconds=round(seconds, 3), rate_mib_s=round(rate, 1) if rate else None)
 
 
@@ -350,7 +416,7 @@ def merge_split_gguf(params: dict, check_mode: bool, disk: Disk) -> dict:
     return dict(report, changed=True, seconds=written["seconds"])
 
 
-def merge_parts(paths: list[str], merged: str, owner: str, source: str) -> dict:
+def merge_parts(paths: list[str], merged: str, owner: str, source: str, progress: str | None = None) -> dict:
     """The parts of one split GGUF merged into ``merged``; refused naming the problem when they are not one whole set."""
     parts = []
     for path in paths:
@@ -360,21 +426,37 @@ def merge_parts(paths: list[str], merged: str, owner: str, source: str) -> dict:
         plan = gguf.plan_merge(parts)
     except Error as exc:
         raise Error(f"{source}: {exc.msg}") from None
-    return write_merge(plan, parts, merged, owner)
+    return write_merge(plan, parts, merged, owner, progress)
 
 
-def write_merge(plan: gguf.MergePlan, parts: list, merged: str, owner: str) -> dict:
+MERGE_CHUNK = 16 * staging.MIB
+
+
+def write_merge(plan: gguf.MergePlan, parts: list, merged: str, owner: str, progress: str | None = None) -> dict:
     """Written through <merged>.partial, its header read back and held against the plan (its length, every tensor of
-    every part once, each at its planned offset), then renamed; a failure leaves no partial file."""
+    every part once, each at its planned offset), then renamed; a failure leaves no partial file. With ``progress``,
+    the bytes written and the rate go there every second, as a download's do."""
     started = time.monotonic()
     partial = merged + ".partial"
+    written, shown = 0, started
     try:
         with open(partial, "wb") as out:
             out.write(plan.header)
             for (name, start, length), pad in zip(plan.copies, plan.pads):
                 with open(name, "rb") as source:
                     source.seek(start)
-                    shutil.copyfileobj(_bounded(source, length), out, 16 * staging.MIB)
+                    left = length
+                    while left > 0:
+                        chunk = source.read(min(MERGE_CHUNK, left))
+                        if not chunk:
+                            break  # a part shorter than its header says: the read-back below names it
+                        out.write(chunk)
+                        left -= len(chunk)
+                        written += len(chunk)
+                        if progress and time.monotonic() - shown >= PROGRESS_SECONDS:
+                            shown = time.monotonic()
+                            with contextlib.suppress(OSError):
+                                write_progress(progress, written + len(plan.header), plan.size, started, 0, step="merge")
                 out.write(bytes(pad))
             out.flush()
             os.fsync(out.fileno())
@@ -392,19 +474,6 @@ def write_merge(plan: gguf.MergePlan, parts: list, merged: str, owner: str) -> d
         raise
     seconds = time.monotonic() - started
     return {"bytes": plan.size, "seconds": round(seconds, 3), "rate_mib_s": round(plan.size / seconds / staging.MIB, 1) if seconds > 0 else None}
-
-
-class _bounded:
-    """A file read only up to ``length`` bytes from where it stands (a part's data section)."""
-
-    def __init__(self, handle, length: int):
-        self.handle, self.left = handle, length
-
-    def read(self, size: int = -1) -> bytes:
-        size = self.left if size < 0 else min(size, self.left)
-        data = self.handle.read(size)
-        self.left -= len(data)
-        return data
 
 
 class MissingHubClient(Exception):

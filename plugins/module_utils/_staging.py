@@ -292,6 +292,64 @@ def prune_candidates(directories: list[dict], keep: list[str], models_root: str)
     return sorted(removable, key=lambda d: (d.get("used") or 0, d["path"]))
 
 
+REPLACE_MODES = ("never", "after_stop", "now")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """Room made by removing the model the target replaces (the previous engine's, once it is stopped)."""
+
+    path: str
+    bytes: int
+    plan: StagePlan  # the room with its bytes counted free
+    estimate_s: float | None  # the download and the merge at the last measured rates; None when none was measured
+
+
+def replaceable_problem(replaceable: str, dest: str, models_root: str | None) -> str | None:
+    """Only a model the switch staged (a directory directly under the models root, not the target's own) can be
+    replaced: it can be staged again for a rollback. Why not, or None."""
+    if not models_root:
+        return "replaceable: give models_root (only a model staged under it can be replaced)"
+    path, root = posixpath.normpath(replaceable), posixpath.normpath(models_root)
+    if posixpath.dirname(path) != root or path == root:
+        return f"replaceable: {replaceable} is not a model staged directly under {models_root}; it could not be staged again for a rollback"
+    if path in (posixpath.normpath(dest), posixpath.normpath(partial_path(dest))):
+        return f"replaceable: {replaceable} is the target's own directory"
+    return None
+
+
+def replacement(plan: StagePlan, room_for: list[tuple[str, int]], margin_bytes: int, candidates: list[dict], prune: bool,
+                replaceable: str, replaceable_bytes: int, merge_bytes: int, rates: dict) -> Replacement | None:
+    """Where the plan has no room: the room if the replaceable model went, when that is enough; else None."""
+    if plan.room or not replaceable_bytes:
+        return None
+    with_replace = plan_room(room_for, plan.free_bytes + replaceable_bytes, margin_bytes, candidates, prune)
+    if not with_replace.room:
+        return None
+    return Replacement(path=replaceable, bytes=replaceable_bytes, plan=with_replace,
+                       estimate_s=fetch_estimate(plan.fetch_bytes, merge_bytes, rates))
+
+
+def fetch_estimate(fetch_bytes: int, merge_bytes: int, rates: dict) -> float | None:
+    """Seconds to fetch (and merge) at the last measured rates of this models root; None without a measured download."""
+    download = rates.get("download_mib_s")
+    if not download or download <= 0:
+        return None
+    seconds = fetch_bytes / MIB / download
+    if merge_bytes:
+        merge = rates.get("merge_mib_s") or download  # no merge measured yet: at most the download's rate is a fair guess
+        seconds += merge_bytes / MIB / merge
+    return round(seconds, 1)
+
+
+def replace_message(source: str, found: Replacement) -> str:
+    estimate = (f"about {found.estimate_s:.0f} s at the last measured rate" if found.estimate_s is not None
+                else "its length unknown: no download measured under this models root yet")
+    return (f"removing the model it replaces, {found.path} ({_gib(found.bytes)}), after the previous engine's stop makes room "
+            f"({found.plan.message}); {source} would then be fetched inside the downtime ({estimate}), and a rollback stages "
+            "the previous model again")
+
+
 def progress_path(dest: str) -> str:
     """Where a download in progress says how far it got (bytes on the node, the total, the rate)."""
     return dest.rstrip("/") + ".progress"

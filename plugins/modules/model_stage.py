@@ -27,6 +27,8 @@ ARGUMENT_SPEC = dict(
     files=dict(type="list", elements="str"),
     files_optional=dict(type="bool", default=False),
     keep_parts=dict(type="bool", default=False),
+    replaceable=dict(type="path"),
+    replace=dict(type="str", default="never", choices=["never", "after_stop", "now"]),
 )
 
 

@@ -55,3 +55,11 @@ def test_the_wait_prints_each_jobs_progress_and_fails_with_a_failed_jobs_own_mes
     assert re.search(r"localhost: demo: [01]\.[0-9]{2} of 1\.00 GiB \((25|50|75|100) %\), 42\.0 MiB/s", output), output[-3000:]
     assert "RETRYING" not in output and "All assertions passed" in output
     assert run.returncode != 0 and "not enough room: 3.00 GiB to fetch" in output.split("Wait for the second")[-1]
+
+
+def test_a_merges_progress_says_it_is_merging():
+    from ansible_collections.gpufleet.serving.plugins.action.job_wait import progress_line
+
+    merging = {"step": "merge", "bytes_done": 3 << 29, "bytes_total": 3 << 30, "rate_mib_s": 812.4}
+    assert progress_line("lab/Tiny-GGUF:Q4_K_M", merging, 12) == "lab/Tiny-GGUF:Q4_K_M: merging 1.50 of 3.00 GiB (50 %), 812.4 MiB/s"
+    assert progress_line("x", dict(merging, step="download"), 12) == "x: 1.50 of 3.00 GiB (50 %), 812.4 MiB/s"

@@ -181,3 +181,80 @@ def test_a_tokenizer_is_staged_without_its_models_weights(tmp_path, quant_hub):
     assert sorted(path.name for path in dest.iterdir() if path.name != ".cache") == ["config.json", "tokenizer.json"]
     again = run_module("model_stage", args)
     assert not again.failed and again["present"] and again["changed"] is False
+
+
+# --- the model it replaces: room made only after the previous engine's stop (issue 52, item 5) ------------------------
+def previous_model(root: Path, apparent_gib: int = 64) -> Path:
+    """The previous engine's staged model: a sparse shard whose length counts for room as the module counts it (the
+    model's bytes) though it takes no disk, so that 'only removing it makes room' holds however full the disk is."""
+    directory = root / "lab--previous"
+    directory.mkdir(parents=True)
+    with open(directory / "model.safetensors", "wb") as shard:
+        shard.truncate(apparent_gib << 30)
+    return directory
+
+
+def test_a_model_that_fits_only_in_place_of_the_previous_one_is_deferred_then_fetched_after_the_stop(tmp_path, quant_hub):
+    """Never: refused with the way through in the message. after_stop: nothing removed or fetched, the figures and an
+    estimate at the rate the last download under the root measured. now: in check mode the same, nothing touched; for
+    real the previous model removed, then this one fetched and merged."""
+    pytest.importorskip("huggingface_hub")
+    _repository, endpoint, log = quant_hub
+    root = tmp_path / "models"
+    previous = previous_model(root)
+    free_mib = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // (1 << 20)
+    args = {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "merge_gguf": True, "dest": str(root / "acme--Tiny-GGUF--Q4_K_M"),
+            "endpoint": endpoint, "models_root": str(root), "keep": [str(previous)], "replaceable": str(previous),
+            "margin_mib": free_mib + 1}  # more than is free: only the previous model's 64 GiB make room
+
+    refused = run_module("model_stage", args)
+    assert refused.failed and "not enough room" in refused["msg"]
+    assert f"removing the model it replaces, {previous} (64.00 GiB)" in refused["msg"] and "switch_engine_replace_model" in refused["msg"]
+    assert previous.exists() and not log.exists()
+
+    deferred = run_module("model_stage", dict(args, replace="after_stop"))
+    assert not deferred.failed, deferred["msg"]
+    assert deferred["deferred"] and deferred["changed"] is False and deferred["replace"]["removed"] is False
+    assert deferred["replace"]["path"] == str(previous) and deferred["room"]["replace_bytes"] == 64 << 30
+    assert deferred["replace"]["estimate_s"] is None, "no download measured under this root yet"
+    assert previous.exists() and not log.exists()
+
+    # a download measured under the root (the other quant, with room): the estimate is taken from its rate
+    measured = run_module("model_stage", dict(args, quant="Q8_0", dest=str(root / "acme--Tiny-GGUF--Q8_0"), margin_mib=0, replaceable=None))
+    assert not measured.failed and (root / ".gpufleet-rates.json").is_file()
+    estimated = run_module("model_stage", dict(args, replace="after_stop"), check_mode=True)
+    assert estimated["deferred"] and estimated["replace"]["estimate_s"] is not None and "at the last measured rate" in estimated["replace"]["message"]
+
+    planned = run_module("model_stage", dict(args, replace="now"), check_mode=True)
+    assert not planned.failed and planned["changed"] and planned["replace"]["removed"] is False and previous.exists()
+
+    replaced = run_module("model_stage", dict(args, replace="now"))
+    assert not replaced.failed, replaced["msg"]
+    assert replaced["replace"]["removed"] and not previous.exists()
+    assert replaced["gguf"]["merged"] and (root / "acme--Tiny-GGUF--Q4_K_M" / "model.gguf").is_file()
+
+
+def test_only_a_model_staged_under_the_models_root_can_be_replaced(tmp_path, quant_hub):
+    """A model given as a path elsewhere could not be staged again for a rollback: never removed."""
+    pytest.importorskip("huggingface_hub")
+    _repository, endpoint, log = quant_hub
+    elsewhere = previous_model(tmp_path / "operator")
+    free_mib = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // (1 << 20)
+    refused = run_module("model_stage", {"source": "acme/Tiny-GGUF", "quant": "Q8_0", "dest": str(tmp_path / "models" / "q8"),
+                                         "endpoint": endpoint, "models_root": str(tmp_path / "models"), "replaceable": str(elsewhere),
+                                         "replace": "now", "margin_mib": free_mib + 1})
+    assert refused.failed and "is not a model staged directly under" in refused["msg"]
+    assert elsewhere.exists() and not log.exists()
+
+
+def test_a_merge_says_how_far_it_got(split_gguf, tmp_path, monkeypatch):
+    """The merge writes its bytes and rate where the switch's wait reads them (step: merge), as a download does."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
+
+    monkeypatch.setattr(stage_node, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(stage_node, "MERGE_CHUNK", 64)
+    progress = tmp_path / "model.progress"
+    parts = sorted(str(path) for path in split_gguf.glob("tiny-0000*-of-00003.gguf"))
+    merged = stage_node.merge_parts(parts, str(split_gguf / "tiny.gguf"), "", "tiny", str(progress))
+    shown = __import__("json").loads(progress.read_text())
+    assert shown["step"] == "merge" and shown["bytes_total"] == merged["bytes"] and 0 < shown["bytes_done"] <= merged["bytes"]
