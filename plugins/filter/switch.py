@@ -27,4 +27,5 @@ class FilterModule:
                 "switch_before_read": _wrapped(_switch.switch_before_read), "switch_finish": _wrapped(_switch.switch_finish),
                 "cutover_record": _wrapped(_switch.cutover_record), "observe_requests": _wrapped(_switch.observe_requests),
                 "observed": _wrapped(_switch.observed),
-                "staged_model_dir": _wrapped(_switch.staged_model_dir), "stage_jobs": _wrapped(_switch.stage_jobs)}
+                "staged_model_dir": _wrapped(_switch.staged_model_dir), "stage_jobs": _wrapped(_switch.stage_jobs),
+                "stage_request": _wrapped(_switch.stage_request)}

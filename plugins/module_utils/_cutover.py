@@ -91,6 +91,10 @@ class CutoverRequest:
     evict: bool = False  # an engine parked on the node is stopped with the others (its record removed)
     park_timeout: float = 120.0  # a park's or a wake's own call
     target_memory_fraction: float | None = None  # the target's share of each GPU, checked against what a park leaves
+    # the disk holds one model: the target's staged after the teardown, in place of the previous engine's
+    # (model_stage's options, replace: now), and the previous engine's staged again by a rollback
+    replace_model: dict | None = None
+    restage_previous: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.units:
@@ -105,6 +109,10 @@ class CutoverRequest:
             raise InvalidInput("park_previous: the previous engine runs in the target's unit; it cannot be parked and started again")
         if self.park_previous and self.wake:
             raise InvalidInput("park_previous and wake: at most one engine is parked on a node")
+        if self.replace_model and not (self.previous and self.restage_previous):
+            raise InvalidInput("replace_model: give restage_previous too (a rollback stages the previous engine's model again)")
+        if self.replace_model and (self.park_previous or self.wake):
+            raise InvalidInput("replace_model: the previous engine's model is removed; it cannot be parked, nor the target woken")
 
     @property
     def longest_run(self) -> float:
@@ -114,8 +122,10 @@ class CutoverRequest:
         # its version command, then NVML opened twice (the GPUs, their holders)
         preflight = self.preflight.version_timeout + 2 * self.preflight.nvml_timeout if self.preflight is not None else 0.0
         standby = 2 * self.park_timeout if self.park_previous or self.wake else 0.0
+        # the target's download, then the previous model's again
+        replace = sum(float(stage.get("timeout") or 0) for stage in (self.replace_model, self.restage_previous) if stage) if self.replace_model else 0.0
         return (preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
-                + standby)
+                + standby + replace)
 
 
 class NodeOps:
@@ -127,6 +137,10 @@ class NodeOps:
 
     def write_files(self, wanted: list) -> dict:
         """engine_files' result: {changed, files, reloaded}; raises Error (nothing was stopped yet)."""
+        raise NotImplementedError
+
+    def stage(self, params: dict) -> dict:
+        """model_stage's result for ``params`` (for real); raises Error."""
         raise NotImplementedError
 
     def prewarm(self, paths: list[str], timeout: float) -> dict:
@@ -269,7 +283,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
                     "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None}
+                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "replace": None, "restage": None}
     if not prepare(request, ops, phases, result):
         phases.enter("end")
         result["marks"] = phases.marks
@@ -300,6 +314,14 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
         except TeardownFailed as exc:
             result["teardown"] = exc.context["steps"]
             raise
+        if request.replace_model:
+            # nothing runs from the previous model now: it goes, the target's comes (the downtime holds the download)
+            phases.enter("replace")
+            try:
+                result["replace"] = ops.stage(request.replace_model)
+            except Error as exc:
+                result["replace"] = {"failed": True, "msg": exc.msg, **{key: exc.context[key] for key in ("replace", "bytes") if key in exc.context}}
+                raise
         phases.enter("bring_up")
         started = clock.monotonic()
         if request.wake:
@@ -323,7 +345,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
             result["park"] = exc.context.get("park")
         phases.enter("rollback")
         try:
-            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")))
+            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")), result=result)
         except Error as rollback_exc:
             result["rollback_error"] = rollback_exc.msg
             result["result"] = "rollback_failed"
@@ -406,13 +428,21 @@ def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict)
     return True
 
 
-def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False) -> dict:
-    """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back, start
-    it - or wake it, when it was parked - and wait until it serves; raises what failed. Returns the rollback
-    teardown's steps."""
+def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result: dict | None = None) -> dict:
+    """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back - and its
+    model, where the target's replaced it - start it (or wake it, when it was parked) and wait until it serves; raises
+    what failed. Returns the rollback teardown's steps."""
     steps = teardown(request, ops, request.stop_grace, kept=(request.previous.unit,) if parked else ())
     if request.restore and not parked:
         ops.restore(request.restore)
+    if request.replace_model:
+        # whether or not the replacement got as far as removing it: a model still whole is found present, not fetched
+        try:
+            restaged = ops.stage(request.restage_previous)
+        except Error as exc:
+            raise Error(f"the previous engine's model could not be staged again: {exc.msg}") from None
+        if result is not None:
+            result["restage"] = restaged
     ops.reset_failed([request.target.unit])
     if request.previous:
         if parked:

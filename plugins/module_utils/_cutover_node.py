@@ -32,6 +32,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
@@ -57,6 +58,14 @@ class Node(cutover.NodeOps):
 
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
+
+    def stage(self, params: dict) -> dict:
+        try:
+            return stage_node.stage(params, False, stage_node.Disk())
+        except stage_node.MissingHubClient:
+            raise Error(f"{params['source']}: huggingface_hub is not installed on this node") from None
+        except (OSError, ValueError) as exc:
+            raise Error(f"{params['source']}: {exc}") from None
 
     def write_files(self, wanted: list) -> dict:
         reload = self.systemctl.daemon_reload if any(item.reload for item in wanted) else None
@@ -316,7 +325,18 @@ def request_from_params(params: dict) -> cutover.CutoverRequest:
         drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"], restore=params["restore"],
         boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"], prewarm_timeout=params["prewarm_timeout"],
         preflight=preflight_request(params["preflight"]), files=wanted_files(params), park_previous=params["park_previous"],
-        wake=params["wake"], evict=params["evict"], park_timeout=params["park_timeout"], target_memory_fraction=params["target_memory_fraction"])
+        wake=params["wake"], evict=params["evict"], park_timeout=params["park_timeout"], target_memory_fraction=params["target_memory_fraction"],
+        replace_model=stage_request("replace_model", params["replace_model"]), restage_previous=stage_request("restage_previous", params["restage_previous"]))
+
+
+def stage_request(name: str, value: dict | None) -> dict | None:
+    """A staging the cutover runs (model_stage's options), for real and replacing: the model it replaces goes first."""
+    if not value:
+        return None
+    checked = validated(name, value, stage_node.OPTIONS)
+    if checked["replace"] != "now" or not checked.get("replaceable"):
+        raise InvalidInput(f"{name}: give replaceable, with replace: now (the cutover stages a model only in place of another)")
+    return checked
 
 
 def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
@@ -347,4 +367,4 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[], standby=standby,
                 park=None, wake=None,
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
-                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None)
+                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None, replace=None, restage=None)

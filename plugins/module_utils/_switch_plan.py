@@ -54,6 +54,7 @@ class Settings:
     join_tasks: str = ""
     park_previous: str = "off"  # off, auto (park where the engine and the host allow it) or required
     park_margin_mib: int = 2048  # host memory kept free beside a parked engine's weights
+    replace_model: bool = False  # the target's model may take the place of the previous engine's (after its stop)
 
     @classmethod
     def from_vars(cls, values: dict) -> Settings:
@@ -180,6 +181,7 @@ def plan(settings: Settings, node: Found) -> dict:
         checks = [check for check in checks if check not in ("gpus", "port")]
     return {
         "park": standby,
+        "replace": replacement(settings, node),
         "unchanged": unchanged,
         "would_change": would_change,
         "staged": staged,
@@ -233,6 +235,37 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
         return decision
     decision["previous"] = "park"
     return decision
+
+
+def replacement(settings: Settings, node: Found) -> dict:
+    """Whether the target's model may take the place of the previous engine's, where the disk holds one: the
+    directory it would replace and the previous model's staging for a rollback - or why not. Decided with the opt-in
+    or without (the stage's refusal then names the way through); only a model the switch staged from the hub can be
+    staged again, so only such a one is ever removed."""
+    decision = {"asked": settings.replace_model, "path": None, "restage": None, "reason": None}
+    previous = node.engines.get(node.previous) or {}
+    if node.previous == "none":
+        decision["reason"] = "no engine serves: there is no model to replace"
+    elif node.previous == settings.target:
+        decision["reason"] = "an in-place change of the engine serving: its model is not replaced"
+    elif not previous.get("model_dir"):
+        decision["reason"] = (f"{node.previous}'s model {previous.get('model')} is not staged from the hub: it could not be staged "
+                              "again for a rollback, so it is never removed")
+    elif settings.park_previous == "required":
+        decision["reason"] = "switch_engine_park_previous is required: a parked engine keeps its model"
+    else:
+        decision.update(path=previous["model_dir"], restage=stage_items(previous)[0])
+    return decision
+
+
+def stage_request(item: dict, common: dict, replaceable: str | None = None) -> dict:
+    """model_stage's options for a staging the cutover runs itself: the item (stage_items), the role's common options,
+    and the model it replaces, removed first."""
+    request = {key: value for key, value in item.items() if key != "label"}
+    request.update(common)
+    if replaceable:
+        request.update(replaceable=replaceable, replace="now")
+    return request
 
 
 def staged_mark(backup_dir: str) -> str:

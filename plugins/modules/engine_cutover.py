@@ -74,6 +74,8 @@ ARGUMENT_SPEC = dict(
     metrics_dir=dict(type="str"),
     metrics_state_path=dict(type="str", default=metrics.STATE_PATH),
     metrics_versions=dict(type="dict", default={}),
+    replace_model=dict(type="dict"),
+    restage_previous=dict(type="dict"),
 )
 
 

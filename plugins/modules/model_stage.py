@@ -10,26 +10,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
-ARGUMENT_SPEC = dict(
-    source=dict(type="str", required=True),
-    revision=dict(type="str", default="main"),
-    dest=dict(type="path"),
-    owner=dict(type="str", default=""),
-    endpoint=dict(type="str", default=""),
-    token_file=dict(type="path", no_log=False),
-    margin_mib=dict(type="int", default=10240),
-    models_root=dict(type="path"),
-    keep=dict(type="list", elements="path", default=[]),
-    prune=dict(type="bool", default=False),
-    timeout=dict(type="float", default=14400),
-    merge_gguf=dict(type="bool", default=False),
-    quant=dict(type="str"),
-    files=dict(type="list", elements="str"),
-    files_optional=dict(type="bool", default=False),
-    keep_parts=dict(type="bool", default=False),
-    replaceable=dict(type="path"),
-    replace=dict(type="str", default="never", choices=["never", "after_stop", "now"]),
-)
+ARGUMENT_SPEC = stage_node.OPTIONS
 
 
 def main() -> None:

@@ -282,7 +282,30 @@ def stage_record(result: dict, source: str) -> dict | None:
             # one GGUF quant: the file it is served from, and its parts' merge
             "gguf": {key: (result.get("gguf") or {}).get(key) for key in ("file", "parts", "merge", "bytes", "seconds", "rate_mib_s")}
             if result.get("gguf") else None,
+            # room only in place of the previous engine's model: fetched inside the downtime (switch_engine_replace_model)
+            "deferred": bool(result.get("deferred")),
+            "replace": dict(result["replace"]) if result.get("replace") else None,
             "error": failure_reason(result) if failed else None}
+
+
+def _replace_model(decision, stage, replaced, restaged) -> dict | None:
+    """The target's model in place of the previous engine's (switch_engine_replace_model): where the stage found room
+    only there, or where it was asked and could not be. Null otherwise."""
+    decision, stage = decision or {}, stage or {}
+    found = stage.get("replace")
+    if not found and not (decision.get("asked") and decision.get("reason")):
+        return None
+    found, replaced = found or {}, replaced or {}
+    return {"asked": bool(decision.get("asked")), "refused": decision.get("reason") if decision.get("asked") else None,
+            "path": found.get("path"), "bytes": found.get("bytes"), "estimate_s": found.get("estimate_s"),
+            # fetched inside the downtime: after the previous engine's stop, before the target's start
+            "deferred": bool(stage.get("deferred")),
+            "removed": bool((replaced.get("replace") or {}).get("removed")),
+            "fetched_bytes": replaced.get("bytes"), "seconds": replaced.get("seconds"), "rate_mib_s": replaced.get("rate_mib_s"),
+            "error": replaced.get("msg") if replaced.get("failed") else None,
+            # the way back: the previous engine's model staged again before its start
+            "rollback_restages": bool(stage.get("deferred")),
+            "restaged": {key: restaged.get(key) for key in ("present", "bytes", "seconds", "rate_mib_s")} if restaged else None}
 
 
 def _plan(plan, teardown) -> dict | None:
@@ -380,6 +403,7 @@ def switch_host_report(record: dict) -> dict:
         "stage": record.get("stage") or None,
         "stage_draft": record.get("stage_draft") or None,
         "stage_tokenizer": record.get("stage_tokenizer") or None,
+        "replace_model": _replace_model(record.get("replace_decision"), record.get("stage"), record.get("replace"), record.get("restage")),
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
@@ -462,6 +486,10 @@ def stage_line(stage: dict, planned: bool) -> str:
     if stage.get("present"):
         return f"model {source} already staged in {stage.get('dest')}, complete: nothing fetched"
     gguf = stage.get("gguf") or {}
+    if stage.get("deferred"):
+        merge = f", merging its {gguf['parts']} parts" if gguf.get("merge") else ""
+        return (f"{source} ({_gib(stage.get('bytes') or 0)}{merge}) fits only in place of the previous engine's model: "
+                f"{'would be' if planned else 'was'} fetched inside the downtime")
     if planned:
         room = stage.get("room") or {}
         merge = (f", then merge its {gguf['parts']} parts into {gguf['file']} (room for both: {_gib(room.get('needed_bytes') or 0)})"
@@ -476,6 +504,37 @@ def stage_line(stage: dict, planned: bool) -> str:
             f"before the drain{freed}")
 
 
+def replace_line(report: dict, planned: bool) -> str | None:
+    """What replacing the previous engine's model did (or would do), where it applied or was refused."""
+    replace = report.get("replace_model")
+    if not replace:
+        return None
+    if replace.get("refused") and not replace.get("path"):
+        return f"switch_engine_replace_model: {replace['refused']}"
+    previous = report.get("from")
+    estimate = (f"about {replace['estimate_s']:g} s at the last measured rate" if replace.get("estimate_s") is not None
+                else "no download measured on this node yet to estimate it")
+    if not replace.get("deferred"):
+        return (f"the disk cannot hold both models: with switch_engine_replace_model, {replace.get('path')} ({_gib(replace.get('bytes') or 0)}) "
+                f"would be removed after {previous}'s stop and the target fetched inside the downtime ({estimate})")
+    if planned:
+        return (f"the disk holds one model: would remove {previous}'s {replace.get('path')} ({_gib(replace.get('bytes') or 0)}) after its "
+                f"stop, then fetch the target inside the downtime ({estimate}); a rollback would stage it again first")
+    if replace.get("error"):
+        line = f"the target's download inside the downtime failed: {replace['error']}"
+    elif replace.get("removed"):
+        line = (f"removed {previous}'s {replace.get('path')} ({_gib(replace.get('bytes') or 0)}) after its stop; fetched "
+                f"{_gib(replace.get('fetched_bytes') or 0)} in {_seconds(replace.get('seconds'))} s inside the downtime (estimated: {estimate}); "
+                "a rollback stages it again")
+    else:
+        line = f"{previous}'s model was not removed"
+    restaged = replace.get("restaged")
+    if restaged:
+        line += ("; the rollback found it whole" if restaged.get("present")
+                 else f"; the rollback staged it again: {_gib(restaged.get('bytes') or 0)} in {_seconds(restaged.get('seconds'))} s")
+    return line
+
+
 def not_reached_report(target: str | None, reason: str, serving: list | None = None) -> dict:
     """A host the run left as it was: behind a stopped rollout (``serving``: the engines it was seen serving, read
     without touching it), outside the limit, or never reached (``serving`` None: not known)."""
@@ -484,7 +543,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None, "replace_model": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
             "metrics_warnings": []}
 
@@ -764,6 +823,9 @@ def switch_table(document: dict) -> str:
         for stage in (report.get("stage"), report.get("stage_draft"), report.get("stage_tokenizer")):
             if stage:
                 details.append(f"{host}: {stage_line(stage, bool(plan))}")
+        replaced = replace_line(report, bool(plan))
+        if replaced:
+            details.append(f"{host}: {replaced}")
         prewarm = report.get("prewarm")
         if prewarm and prewarm.get("bytes"):
             details.append(f"{host}: prewarm read {_gib(prewarm['bytes'])} of weights in {_seconds(prewarm.get('seconds'))} s"

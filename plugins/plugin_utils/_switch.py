@@ -61,6 +61,9 @@ def cutover_record(result: dict) -> dict:
         "serving_since": (soaked or ended) if outcome == "switched" else ended if outcome == "rolled_back" else None,
         "cutover_result": outcome,
         "park": result.get("park"),
+        # the target's model staged in place of the previous engine's, and the rollback's staging of that one again
+        "replace": result.get("replace"),
+        "restage": result.get("restage"),
         "wake": result.get("wake"),
         "metrics_warnings": result.get("metrics_warnings") or [],
         "boot": result.get("boot"),
@@ -129,6 +132,13 @@ def _planned(decide):
         return decide()
     except (InvalidInput, TypeError) as error:
         raise SwitchError(str(getattr(error, "msg", error))) from None
+
+
+def stage_request(item: dict, common: dict, replaceable: str | None = None) -> dict:
+    return switch_plan.stage_request(item, common, replaceable)
+
+
+stage_request.__doc__ = switch_plan.stage_request.__doc__
 
 
 def stage_jobs(started: list) -> list[dict]:

@@ -157,6 +157,37 @@ STAGE_PLAN = {"changed": True, "kind": "hub", "dest": "/var/lib/gpufleet-models/
               "gguf": {"file": "/var/lib/gpufleet-models/lab--tiny-llama/model.gguf", "parts": 3, "merge": True}}
 
 
+# a switch whose target fits only in place of the previous engine's model; the target failed and the rollback restaged it
+REPLACE = {"path": "/var/lib/gpufleet-models/lab--tiny-llama", "bytes": 64 * 2**20, "estimate_s": 12.5, "removed": False,
+           "message": "removing the model it replaces ..."}
+
+
+def replaced_record(result="rolled_back") -> dict:
+    deferred = dict(STAGE_PLAN, changed=False, deferred=True, replace=REPLACE, removed=[], room=dict(STAGE_PLAN["room"], ok=False, replace_bytes=64 * 2**20))
+    return switch_record(result, outcome={"result": result, "reason": "bring_up: vllm.service stopped"},
+                         stage=reports.stage_record(deferred, "lab/Tiny-GGUF:Q8_0"),
+                         replace_decision={"asked": True, "path": REPLACE["path"], "restage": {"source": "lab/tiny-llama"}, "reason": None},
+                         replace={"changed": True, "bytes": 24 * 2**20, "seconds": 3.1, "rate_mib_s": 7.7, "replace": dict(REPLACE, removed=True)},
+                         restage={"changed": True, "present": False, "bytes": 64 * 2**20, "seconds": 8.2, "rate_mib_s": 7.8})
+
+
+def test_a_replaced_model_is_reported_with_its_estimate_its_download_and_the_rollbacks_restage():
+    report = reports.switch_host_report(replaced_record())
+    assert report["replace_model"] == {"asked": True, "refused": None, "path": REPLACE["path"], "bytes": 64 * 2**20, "estimate_s": 12.5,
+                                       "deferred": True, "removed": True, "fetched_bytes": 24 * 2**20, "seconds": 3.1, "rate_mib_s": 7.7,
+                                       "error": None, "rollback_restages": True,
+                                       "restaged": {"present": False, "bytes": 64 * 2**20, "seconds": 8.2, "rate_mib_s": 7.8}}
+    line = reports.replace_line(report, planned=False)
+    assert line.startswith("removed vllm's /var/lib/gpufleet-models/lab--tiny-llama (0.06 GiB) after its stop; fetched 0.02 GiB in 3.1 s")
+    assert line.endswith("; the rollback staged it again: 0.06 GiB in 8.2 s")
+    planned = dict(report, replace_model=dict(report["replace_model"], removed=False, restaged=None))
+    assert ("would remove vllm's /var/lib/gpufleet-models/lab--tiny-llama (0.06 GiB) after its stop, then fetch the target inside the "
+            "downtime (about 12.5 s at the last measured rate); a rollback would stage it again first") in reports.replace_line(planned, planned=True)
+    refused = reports.switch_host_report(switch_record(replace_decision={"asked": True, "path": None, "reason": "vllm's model /m is not staged"}))
+    assert reports.replace_line(refused, False) == "switch_engine_replace_model: vllm's model /m is not staged"
+    assert reports.switch_host_report(switch_record())["replace_model"] is None
+
+
 def test_the_stage_line_says_a_quant_is_fetched_alone_and_merged():
     planned = reports.stage_line(reports.stage_record(STAGE_PLAN, "lab/Tiny-GGUF:Q4_K_M"), True)
     assert "then merge its 3 parts into /var/lib/gpufleet-models/lab--tiny-llama/model.gguf (room for both: 4.00 GiB)" in planned
@@ -315,12 +346,13 @@ PARKED_VLLM = {"engine": "vllm", "unit": "vllm.service", "model": "llama70b", "i
 def test_the_switch_document_matches_its_documentation():
     standby = {"standby": {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "path": "cold", "cold_reason": None},
                "park": dict(PARKED_VLLM, parked=True, seconds=0.4), "parked": PARKED_VLLM}
-    hosts = {"node1": reports.switch_host_report(rotated_record(**standby)), "node2": reports.switch_host_report(planned_record()), "node3": None}
+    hosts = {"node1": reports.switch_host_report(rotated_record(**standby)), "node2": reports.switch_host_report(planned_record()), "node3": None,
+             "node4": reports.switch_host_report(replaced_record())}
     document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
                                                  "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
                                                                 "max_fail_percentage": 0, "rotation": "none", "soak_seconds": 15}})
     assert document["schema_version"] == 1 and document["hosts"]["node3"]["result"] == "not_reached"
-    assert document["summary"] == {"hosts": 3, "switched": 1, "unchanged": 0, "would_switch": 1, "preflight_failed": 0, "rolled_back": 0,
+    assert document["summary"] == {"hosts": 4, "switched": 1, "unchanged": 0, "would_switch": 1, "preflight_failed": 0, "rolled_back": 1,
                                    "rollback_failed": 0, "failed": 0, "unreachable": 0, "not_reached": 1}
     assert set(document["hosts"]["node3"]) == set(document["hosts"]["node1"]), "a host not reached has every key"
     assert_matches_docs(document, "switch_engine.json")

@@ -90,6 +90,10 @@ class Node(cutover.NodeOps):
         self._step("set_boot", enable, tuple(units))
         return {"enabled": [enable] if enable else [], "disabled": [unit for unit in units if unit != enable], "at_boot": enable}
 
+    def stage(self, params):
+        self._step("stage", params["source"])
+        return {"changed": True, "present": False, "replace": {"path": params["replaceable"], "removed": True}, "bytes": 1 << 30}
+
     def soak(self, engine, seconds):
         self._step("soak", engine.unit, seconds)
         self.clock.now += seconds
@@ -403,3 +407,62 @@ def test_holders_reported_and_left_are_not_counted_by_either_memory_assertion_fo
     assert waits == [("memory", True, (4242, 4343))] * 2, "forward and rollback assertions both discount the left holders"
     before = [call for call in node.calls if call[:2] == ("memory", False)]
     assert before and all(len(call) == 2 for call in before), "the reading before the teardown counts everything"
+
+
+REPLACE = {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "dest": "/models/acme--Tiny-GGUF--Q4_K_M", "replace": "now",
+           "replaceable": "/models/lab--tiny-llama", "timeout": 600}
+RESTAGE = {"source": "lab/tiny-llama", "dest": "/models/lab--tiny-llama", "replace": "now", "replaceable": "/models/acme--Tiny-GGUF--Q4_K_M",
+           "timeout": 500}
+
+
+def test_a_model_replacing_the_previous_ones_is_staged_after_the_teardown_inside_the_downtime():
+    """Issue 52 (5): the disk holds one model - the target's is staged between the teardown and the start (its own
+    phase, counted in the downtime and in the cutover's longest run)."""
+    clock = Clock()
+    node = Node(clock, costs={"stage": 40.0})
+    result = run(node, clock, replace_model=REPLACE, restage_previous=RESTAGE)
+    names = [call[0] for call in node.calls]
+    assert names.index("kill_holders") < names.index("stage") < names.index("start")
+    assert ("stage", "acme/Tiny-GGUF") in node.calls and ("stage", "lab/tiny-llama") not in node.calls
+    assert result["result"] == "switched" and result["replace"]["replace"]["removed"] and result["restage"] is None
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "replace", "bring_up", "end"]
+    starts = dict(result["marks"])
+    assert starts["bring_up"] - starts["replace"] == pytest.approx(40.0)
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, replace_model=REPLACE, restage_previous=RESTAGE)
+    plain = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM)
+    assert request.longest_run - plain.longest_run == pytest.approx(1100.0), "the download and the rollback's again"
+
+
+def test_a_rollback_after_a_replacement_stages_the_previous_model_again_before_its_start():
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("sglang.service stopped")})
+    result = run(node, clock, replace_model=REPLACE, restage_previous=RESTAGE)
+    names = [call[0] for call in node.calls]
+    rollback = names[names.index("wait_ready") + 1:]
+    assert rollback.index("stage") < rollback.index("start"), names
+    assert node.calls[len(names) - len(rollback) + rollback.index("stage")] == ("stage", "lab/tiny-llama")
+    assert result["result"] == "rolled_back" and result["restage"]["replace"]["path"] == "/models/acme--Tiny-GGUF--Q4_K_M"
+
+
+def test_a_failed_download_in_the_downtime_rolls_back_and_a_failed_restage_says_no_engine_serves():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+
+    clock = Clock()
+    node = Node(clock, failures={("stage", "acme/Tiny-GGUF"): Error("acme/Tiny-GGUF: the download failed: 503")})
+    result = run(node, clock, replace_model=REPLACE, restage_previous=RESTAGE)
+    assert result["result"] == "rolled_back" and result["reason"] == "replace: acme/Tiny-GGUF: the download failed: 503"
+    assert result["replace"] == {"failed": True, "msg": "acme/Tiny-GGUF: the download failed: 503"}
+    assert ("start", "sglang.service") not in node.calls and ("start", "vllm.service") in node.calls
+
+    both = Node(clock, failures={"stage": Error("hub unreachable")})
+    failed = run(both, clock, replace_model=REPLACE, restage_previous=RESTAGE)
+    assert failed["result"] == "rollback_failed"
+    assert failed["rollback_error"] == "the previous engine's model could not be staged again: hub unreachable"
+    assert ("start", "vllm.service") not in both.calls
+
+
+def test_a_replacement_needs_its_way_back_and_no_park():
+    with pytest.raises(InvalidInput, match="restage_previous"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, replace_model=REPLACE)
+    with pytest.raises(InvalidInput, match="cannot be parked"):
+        cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, replace_model=REPLACE, restage_previous=RESTAGE, park_previous=True)

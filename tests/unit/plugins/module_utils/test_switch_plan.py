@@ -159,3 +159,32 @@ def test_before_the_read_the_rotation_hooks_complete_or_why_not_and_the_first_le
     assert error(rotation="custom", leave_tasks="leave.yml").startswith("switch_engine_rotation is custom")
     assert switch_plan.before_read(settings())["first_lease_seconds"] == 330
     assert switch_plan.before_read(settings(prewarm=False))["first_lease_seconds"] == 300
+
+
+def test_only_a_previous_model_staged_from_the_hub_may_be_replaced_and_its_staging_is_the_way_back():
+    """switch_engine_replace_model (issue 52, 5): the previous engine's staged directory and its staging for a rollback -
+    decided with the opt-in or without (a refusal names the way through) - or why not."""
+    quant = dict(VLLM, model="unsloth/GLM-5-GGUF:UD-Q4_K_XL", model_dir="/srv/models/unsloth--GLM-5-GGUF--UD-Q4_K_XL")
+    nvfp4 = dict(SGLANG, model="nvidia/GLM-5-NVFP4", model_dir="/srv/models/nvidia--GLM-5-NVFP4", model_revision="v2")
+    pivot = found(engines={"vllm": quant, "sglang": nvfp4}, found=["sglang"], serving=["sglang"], previous="sglang")
+    steps = switch_plan.plan(settings(target="vllm", replace_model=True), pivot)
+    assert steps["replace"] == {"asked": True, "path": "/srv/models/nvidia--GLM-5-NVFP4", "reason": None,
+                                "restage": {"label": "nvidia/GLM-5-NVFP4", "source": "nvidia/GLM-5-NVFP4", "revision": "v2",
+                                            "dest": "/srv/models/nvidia--GLM-5-NVFP4", "quant": None, "merge_gguf": False}}
+    assert switch_plan.plan(settings(target="vllm"), pivot)["replace"]["path"] == "/srv/models/nvidia--GLM-5-NVFP4", "named without the opt-in"
+    from_path = found(engines={"vllm": quant, "sglang": SGLANG}, found=["sglang"], serving=["sglang"], previous="sglang")
+    refused = switch_plan.plan(settings(target="vllm", replace_model=True), from_path)["replace"]
+    assert refused["path"] is None and refused["reason"] == ("sglang's model /models/m is not staged from the hub: it could not be staged "
+                                                             "again for a rollback, so it is never removed")
+    required = switch_plan.plan(settings(target="vllm", replace_model=True, park_previous="required"), pivot)["replace"]
+    assert required["path"] is None and "park" in required["reason"]
+    in_place = switch_plan.plan(settings(target="sglang", replace_model=True), found(engines={"vllm": quant, "sglang": nvfp4}, found=["sglang"],
+                                                                                    serving=["sglang"], previous="sglang"))["replace"]
+    assert in_place["path"] is None and "in-place" in in_place["reason"]
+
+
+def test_the_cutovers_staging_request_is_the_item_with_the_common_options_replacing_first():
+    item = {"label": "lab/Tiny-GGUF:Q8_0", "source": "lab/Tiny-GGUF", "revision": "main", "dest": "/m/q8", "quant": "Q8_0", "merge_gguf": True}
+    request = switch_plan.stage_request(item, {"endpoint": "http://hub", "margin_mib": 1}, "/m/old")
+    assert request == {"source": "lab/Tiny-GGUF", "revision": "main", "dest": "/m/q8", "quant": "Q8_0", "merge_gguf": True,
+                       "endpoint": "http://hub", "margin_mib": 1, "replaceable": "/m/old", "replace": "now"}
