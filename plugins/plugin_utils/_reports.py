@@ -543,7 +543,8 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "reason": reason, "failed_phase": None,
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
-            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None, "replace_model": None, "plan": None,
+            "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None,
+            "replace_model": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
             "metrics_warnings": []}
 
