@@ -111,7 +111,7 @@ lab-down:
 molecule:
 	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
-# CI's gate, under 20 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the Molecule
+# CI's gate, about 35 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the Molecule
 # scenarios in two lanes (starting while the checks finish), a switch under load through HAProxy, pinned pip installs
 # and switch_faults (an operator's faults: concurrent runs, reboot, Ctrl-C in each phase and a dropped SSH connection,
 # a node lost, the rollback's own failures) among them. make test-all adds what does not fit the gate's time
