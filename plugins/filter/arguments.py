@@ -23,6 +23,8 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _answers
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _engines
 
 # libyaml's loader where PyYAML has it: ten times faster on the specs, read on every switch
@@ -150,9 +152,21 @@ def fleet_variable_errors(hostvars, hosts: list, roles: list) -> list[str]:
         if not errors:  # the facts read assumes the documented forms
             errors = [error for role, entry_point in roles if role in _engines.ENGINES and entry_point == "facts"
                       for error in engine_variable_errors(variables, role)]
+            errors += answer_check_errors(variables) if any(role == "switch_engine" for role, _entry in roles) else []
         for error in errors:
             by_message.setdefault(error, []).append(host)
     return [f"{', '.join(names)}: {message}" for message, names in by_message.items()]
+
+
+def answer_check_errors(variables: Mapping) -> list[str]:
+    """switch_engine_answer_checks as the cutover reads them (a prompt and a regular expression each)."""
+    errors = []
+    for index, item in enumerate(variables.get("switch_engine_answer_checks") or []):
+        try:
+            _answers.Expectation.from_params(index, item)
+        except InvalidInput as error:
+            errors.append(f"switch_engine_{error}")
+    return errors
 
 
 def fleet_unknown_variables(hostvars, hosts: list) -> list[str]:

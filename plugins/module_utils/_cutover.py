@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
@@ -95,6 +96,8 @@ class CutoverRequest:
     # (model_stage's options, replace: now), and the previous engine's staged again by a rollback
     replace_model: dict | None = None
     restage_previous: dict | None = None
+    # before the node goes back into rotation: the engine's answers checked (_answers.CheckSettings), None: not checked
+    answers: object | None = None
 
     def __post_init__(self) -> None:
         if not self.units:
@@ -141,6 +144,21 @@ class NodeOps:
 
     def stage(self, params: dict) -> dict:
         """model_stage's result for ``params`` (for real); raises Error."""
+        raise NotImplementedError
+
+    def ask(self, engine: Engine, prompt: str, max_tokens: int) -> answers.Answer:
+        """One greedy completion (temperature 0) with the chosen tokens' logprobs; raises Error when it fails."""
+        raise NotImplementedError
+
+    def unit_command(self, unit: str) -> str:
+        """The command line the unit runs (its ExecStart=)."""
+        raise NotImplementedError
+
+    def read_answers(self, path: str) -> dict | None:
+        """A golden record, or None where there is none (or it cannot be read)."""
+        raise NotImplementedError
+
+    def write_answers(self, path: str, record: dict) -> None:
         raise NotImplementedError
 
     def prewarm(self, paths: list[str], timeout: float) -> dict:
@@ -283,7 +301,8 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     phases = Phases(clock, wall_now)
     result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
                     "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "replace": None, "restage": None}
+                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "replace": None, "restage": None,
+                    "answer_check": None, "rollback_answer_check": None}
     if not prepare(request, ops, phases, result):
         phases.enter("end")
         result["marks"] = phases.marks
@@ -334,9 +353,19 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
         result["engine_start_s"] = round(clock.monotonic() - started, 3)
         if request.wake:
             result["wake"]["wake_s"] = result["engine_start_s"]
+        if request.answers:
+            phases.enter("answer_check")
+            result["answer_check"] = checked_answers(request, ops, clock, request.target)
+            if not result["answer_check"]["passed"] and request.wake:
+                restart_cold(request, ops, clock, phases, result)
+            if not result["answer_check"]["passed"]:
+                raise WrongAnswers(f"{request.target.engine} answered wrongly ({result['answer_check']['kind']} check): "
+                                   f"{result['answer_check']['mismatch']}")
         if request.soak > 0:
             phases.enter("soak")
             result["soak"] = ops.soak(request.target, request.soak)
+        if request.answers:
+            keep_record(request, ops, result["answer_check"], phases.now())
     except Error as exc:
         result.update(result="rolled_back", reason=f"{phases.current}: {exc.msg}")
         if phases.current == "soak":
@@ -345,7 +374,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
             result["park"] = exc.context.get("park")
         phases.enter("rollback")
         try:
-            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")), result=result)
+            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")), result=result, clock=clock)
         except Error as rollback_exc:
             result["rollback_error"] = rollback_exc.msg
             result["result"] = "rollback_failed"
@@ -428,7 +457,7 @@ def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict)
     return True
 
 
-def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result: dict | None = None) -> dict:
+def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result: dict | None = None, clock: Clock | None = None) -> dict:
     """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back - and its
     model, where the target's replaced it - start it (or wake it, when it was parked) and wait until it serves; raises
     what failed. Returns the rollback teardown's steps."""
@@ -450,7 +479,66 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result
         else:
             ops.start(request.previous.unit)
         ops.wait_ready(request.previous, request.previous.ready_timeout)
+        if request.answers and clock is not None:
+            # its own record, where it has one; no operator's expectation (those are the target's)
+            checked = checked_answers(request, ops, clock, request.previous, expectations=False)
+            if result is not None:
+                result["rollback_answer_check"] = checked
+            if not checked["passed"]:
+                raise WrongAnswers(f"{request.previous.engine} answers wrongly after the rollback ({checked['kind']} check): {checked['mismatch']}")
     return steps
+
+
+class WrongAnswers(Error):
+    """The engine serves, but its answers differ from its record or make no sense."""
+
+
+def checked_answers(request: CutoverRequest, ops: NodeOps, clock: Clock, engine: Engine, expectations: bool = True) -> dict:
+    """The probes (and the operator's expectations) sent one at a time and judged against the engine's record."""
+    settings = request.answers
+    started = clock.monotonic()
+    ident = answers.identity(engine.engine, engine.model, settings.versions.get(engine.engine), ops.unit_command(engine.unit))
+    path = answers.record_path(settings.record_dir, ident)
+    record = None if settings.refresh else ops.read_answers(path)
+    checks = list(settings.expectations) if expectations else []
+    try:
+        got = [ops.ask(engine, prompt, answers.PROBE_TOKENS) for prompt in settings.probes]
+        expected = [ops.ask(engine, check.prompt, check.max_tokens) for check in checks]
+    except Error as exc:
+        verdict = {"kind": "golden" if record else "sanity", "passed": False, "mismatch": f"a probe failed: {exc.msg}", "drift": None,
+                   "recorded_at": (record or {}).get("created")}
+        got, expected = [], []
+    else:
+        verdict = answers.judge(ident, record, got, checks, expected, settings.tolerance)
+    return dict(verdict, probes=len(settings.probes) + len(checks), seconds=round(clock.monotonic() - started, 3), record=path,
+                identity=ident, answers=[answer.to_dict() for answer in got], expected=[answer.to_dict() for answer in expected],
+                recorded=False, refresh=settings.refresh)
+
+
+def restart_cold(request: CutoverRequest, ops: NodeOps, clock: Clock, phases: Phases, result: dict) -> None:
+    """A woken engine that answers otherwise than its record: stopped and started cold, checked again."""
+    woken = result["answer_check"]
+    result["wake"]["answered_differently"] = woken["mismatch"]
+    phases.enter("restart")
+    teardown(request, ops, request.stop_grace)
+    ops.reset_failed([request.target.unit])
+    started = clock.monotonic()
+    ops.start(request.target.unit)
+    result["ready"] = ops.wait_ready(request.target, request.target.ready_timeout)
+    result["engine_start_s"] = round(clock.monotonic() - started, 3)
+    result["answer_check"] = dict(checked_answers(request, ops, clock, request.target), after_wake=woken)
+
+
+def keep_record(request: CutoverRequest, ops: NodeOps, checked: dict, now: float) -> None:
+    """An engine that passed its sanity check and served through its soak: its answers become its record."""
+    if checked["kind"] != "sanity" or not checked["passed"]:
+        return
+    record = answers.new_record(checked["identity"], [answers.Answer(**answer) for answer in checked["answers"]], now)
+    try:
+        ops.write_answers(checked["record"], record)
+        checked["recorded"] = True
+    except Error as exc:  # the engine serves right; the next check is a sanity check again
+        checked["record_error"] = exc.msg
 
 
 def node_record(request: CutoverRequest, result: dict, run_id: str | None, finished: float) -> dict:

@@ -19,6 +19,7 @@ import time
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
@@ -58,6 +59,32 @@ class Node(cutover.NodeOps):
 
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
+
+    def ask(self, engine: cutover.Engine, prompt: str, max_tokens: int) -> answers.Answer:
+        body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=30), engine.model, prompt, max_tokens)
+        return answers.Answer.from_completion(prompt, body)
+
+    def unit_command(self, unit: str) -> str:
+        properties = self.systemctl.show_units([unit], ("ExecStart",))[unit]
+        return " ".join(systemd.exec_start_argv(properties.get("ExecStart")))
+
+    def read_answers(self, path: str) -> dict | None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def write_answers(self, path: str, record: dict) -> None:
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            partial = path + ".new"
+            with open(partial, "w", encoding="utf-8") as handle:
+                json.dump(record, handle, indent=1)
+            os.replace(partial, path)
+        except OSError as exc:
+            raise Error(f"{path}: {exc.strerror or exc}") from None
 
     def stage(self, params: dict) -> dict:
         try:
@@ -326,7 +353,8 @@ def request_from_params(params: dict) -> cutover.CutoverRequest:
         boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"], prewarm_timeout=params["prewarm_timeout"],
         preflight=preflight_request(params["preflight"]), files=wanted_files(params), park_previous=params["park_previous"],
         wake=params["wake"], evict=params["evict"], park_timeout=params["park_timeout"], target_memory_fraction=params["target_memory_fraction"],
-        replace_model=stage_request("replace_model", params["replace_model"]), restage_previous=stage_request("restage_previous", params["restage_previous"]))
+        replace_model=stage_request("replace_model", params["replace_model"]), restage_previous=stage_request("restage_previous", params["restage_previous"]),
+        answers=answers.CheckSettings.from_params(params["answer_check"]))
 
 
 def stage_request(name: str, value: dict | None) -> dict | None:
@@ -367,4 +395,5 @@ def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
     return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[], standby=standby,
                 park=None, wake=None,
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
-                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None, replace=None, restage=None)
+                boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None, replace=None, restage=None,
+                answer_check=None, rollback_answer_check=None)

@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed
+
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 HEALTH_PATHS = {"vllm": "/health", "sglang": "/health_generate"}
 RUNNING_METRICS = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
@@ -111,6 +113,17 @@ def check_ready(engine: str, client: HttpClient, model: str, completion: bool = 
         if not ok:
             return Readiness(False, checks, f"/v1/completions: {checks['completion']}")
     return Readiness(True, checks)
+
+
+def greedy_completion(client: HttpClient, model: str, prompt: str, max_tokens: int) -> dict:
+    """One completion at temperature 0 with the chosen tokens' logprobs (OpenAI completions' ``logprobs: 1``, which both
+    engines return); raises CommandFailed with the status or the error when there is no answer."""
+    reply = client.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                                       "logprobs": 1, "seed": 0})
+    body = _json(reply.body)
+    if reply.status != 200 or not body.get("choices"):
+        raise CommandFailed(f"/v1/completions for {prompt!r}: {reply.status or reply.error} {reply.body[:200] if reply.body else ''}".rstrip())
+    return body
 
 
 def _json(text: str) -> dict:

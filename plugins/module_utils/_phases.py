@@ -12,12 +12,13 @@ from __future__ import annotations
 
 # every phase of a switch, in order (plan: check mode only)
 SWITCH = ("lease", "discover", "preflight", "backup", "stage", "prewarm", "plan", "leave_rotation", "cutover", "drain", "park",
-          "teardown", "replace", "bring_up", "verify", "rollback", "join_rotation", "soak", "boot")
+          "teardown", "replace", "bring_up", "answer_check", "restart", "verify", "rollback", "join_rotation", "soak", "boot")
 # the phases the cutover's one module run enters, in order
-CUTOVER = ("preflight", "stage", "prewarm", "drain", "park", "teardown", "replace", "bring_up", "soak", "rollback")
+CUTOVER = ("preflight", "stage", "prewarm", "drain", "park", "teardown", "replace", "bring_up", "answer_check", "restart", "soak",
+           "rollback")
 # of those, the ones a task of the role runs instead when the cutover cannot (a balancer between them, check mode, ...)
 MOVABLE = ("preflight", "stage", "prewarm", "soak")
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
-DOWNTIME = ("leave_rotation", "cutover", "drain", "park", "teardown", "replace", "bring_up", "verify", "rollback", "join_rotation")
+DOWNTIME = ("leave_rotation", "cutover", "drain", "park", "teardown", "replace", "bring_up", "answer_check", "restart", "verify", "rollback", "join_rotation")
 # where a phase runs, in a plan
 CONTROLLER, IN_CUTOVER, SKIPPED = "controller", "cutover", "skip"

@@ -76,6 +76,13 @@ ARGUMENT_SPEC = dict(
     metrics_versions=dict(type="dict", default={}),
     replace_model=dict(type="dict"),
     restage_previous=dict(type="dict"),
+    answer_check=dict(type="dict", options=dict(
+        expectations=dict(type="list", elements="dict", default=[]),
+        tolerance=dict(type="float", default=0.05),
+        record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
+        refresh=dict(type="bool", default=False),
+        versions=dict(type="dict", default={}),
+    )),
 )
 
 

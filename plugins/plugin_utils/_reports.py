@@ -288,6 +288,27 @@ def stage_record(result: dict, source: str) -> dict | None:
             "error": failure_reason(result) if failed else None}
 
 
+def _answer_check(checked) -> dict | None:
+    """The engine's answers before rotation, as the report keeps them (not the answers themselves: the record has them)."""
+    if not checked:
+        return None
+    woken = checked.get("after_wake")
+    return {"kind": checked.get("kind"), "passed": bool(checked.get("passed")), "probes": checked.get("probes"),
+            "seconds": checked.get("seconds"), "mismatch": checked.get("mismatch"), "drift": checked.get("drift"),
+            "record": checked.get("record"), "recorded_at": _iso(checked["recorded_at"]) if checked.get("recorded_at") else None,
+            "recorded": bool(checked.get("recorded")), "refresh": bool(checked.get("refresh")),
+            # a woken engine that answered otherwise, then started cold and checked again
+            "woken_mismatch": woken.get("mismatch") if woken else None}
+
+
+def _answer_seconds(checked) -> float | None:
+    """Seconds the answer checks took inside the downtime (a woken engine's and its cold start's together)."""
+    if not checked:
+        return None
+    woken = checked.get("after_wake") or {}
+    return round(float(checked.get("seconds") or 0.0) + float(woken.get("seconds") or 0.0), 3)
+
+
 def _replace_model(decision, stage, replaced, restaged) -> dict | None:
     """The target's model in place of the previous engine's (switch_engine_replace_model): where the stage found room
     only there, or where it was asked and could not be. Null otherwise."""
@@ -404,6 +425,9 @@ def switch_host_report(record: dict) -> dict:
         "stage_draft": record.get("stage_draft") or None,
         "stage_tokenizer": record.get("stage_tokenizer") or None,
         "replace_model": _replace_model(record.get("replace_decision"), record.get("stage"), record.get("replace"), record.get("restage")),
+        "answer_check": _answer_check(record.get("answer_check")),
+        "answer_check_s": _answer_seconds(record.get("answer_check")),
+        "rollback_answer_check": _answer_check(record.get("rollback_answer_check")),
         "plan": plan,
         "terminated": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "terminated")],
         "killed": [] if plan else [p for teardown in teardowns for p in _teardown_processes(teardown, "killed")],
@@ -504,6 +528,23 @@ def stage_line(stage: dict, planned: bool) -> str:
             f"before the drain{freed}")
 
 
+def answer_lines(report: dict) -> list[str]:
+    """What the answer checks before rotation found: the target's (a woken engine's first), the rollback's."""
+    lines = []
+    for label, checked in ((report.get("to"), report.get("answer_check")), (f"{report.get('from')} (rollback)", report.get("rollback_answer_check"))):
+        if not checked:
+            continue
+        if checked.get("woken_mismatch"):
+            lines.append(f"woken {label} answered differently: {checked['woken_mismatch']}; stopped and started cold")
+        what = (f"{checked['kind']} check of {label}'s answers ({checked.get('probes')} probes, {_seconds(checked.get('seconds'))} s"
+                + (f", largest logprob drift {checked['drift']:g}" if checked.get("drift") is not None else "") + ")")
+        if checked.get("passed"):
+            lines.append(f"{what} passed" + ("; its answers are its record now" if checked.get("recorded") else ""))
+        else:
+            lines.append(f"{what} FAILED: {checked.get('mismatch')}")
+    return lines
+
+
 def replace_line(report: dict, planned: bool) -> str | None:
     """What replacing the previous engine's model did (or would do), where it applied or was refused."""
     replace = report.get("replace_model")
@@ -544,7 +585,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "rollback_error": None, "recovered_lease": None, "last_cutover": None, "started": None, "finished": None, "durations_s": {}, "phases": [],
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None,
-            "replace_model": None, "plan": None,
+            "replace_model": None, "answer_check": None, "answer_check_s": None, "rollback_answer_check": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
             "metrics_warnings": []}
 
@@ -827,6 +868,7 @@ def switch_table(document: dict) -> str:
         replaced = replace_line(report, bool(plan))
         if replaced:
             details.append(f"{host}: {replaced}")
+        details += [f"{host}: {line}" for line in answer_lines(report)]
         prewarm = report.get("prewarm")
         if prewarm and prewarm.get("bytes"):
             details.append(f"{host}: prewarm read {_gib(prewarm['bytes'])} of weights in {_seconds(prewarm.get('seconds'))} s"

@@ -64,6 +64,9 @@ def cutover_record(result: dict) -> dict:
         # the target's model staged in place of the previous engine's, and the rollback's staging of that one again
         "replace": result.get("replace"),
         "restage": result.get("restage"),
+        # the answers before rotation: the target's (after a cold restart, with the woken engine's first), the rollback's
+        "answer_check": result.get("answer_check"),
+        "rollback_answer_check": result.get("rollback_answer_check"),
         "wake": result.get("wake"),
         "metrics_warnings": result.get("metrics_warnings") or [],
         "boot": result.get("boot"),

@@ -39,6 +39,13 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
   version                    the version `vllm --version` prints (default: the real one this double mimics)
   park_seconds (0.2)         time a park takes; wake_seconds (0.3): time a wake takes
   park_leftover_mib (600)    GPU memory each parked worker keeps (its CUDA context)
+  answers                    how completions answer: "garbage_after_wake" ('!' over and over once woken, as vLLM after a
+                             level-2 wake), "garbage" (from the start), "other_model" (another model's tokens)
+  logprob_drift              added to every logprob (a kernel's nondeterminism, larger than it should be)
+
+Completions answer deterministically from the model served: each token is drawn from a small vocabulary by a hash of
+the model's weight bytes (their first MiB, or a GGUF file's), the prompt and the position, with a logprob derived the
+same way - so one model always answers one prompt the same, and another model otherwise.
 
     engine_double.py --version vllm|sglang                prints the version
 """
@@ -46,6 +53,7 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -133,6 +141,39 @@ def read_weights(paths: list[str]) -> tuple[int, float]:
     return total, time.monotonic() - started
 
 
+VOCABULARY = (" the", " Paris", " city", " of", " water", " boils", " at", " 100", " degrees", ",", ".", " and", " is", " a",
+              " return", " n", " if", " fib", "(", ")", ":", "\n", " light", " river", " capital", " France", " on", " sea",
+              " level", " Celsius", " known", " for")
+
+
+def model_fingerprint(paths: list[str]) -> str:
+    """A digest of what the model is: the first MiB of each weight file (a GGUF file's own), else its path."""
+    digest = hashlib.sha256()
+    found = False
+    for path in paths:
+        if not path:
+            continue
+        candidate = Path(path)
+        files = [candidate] if candidate.is_file() else weight_files([path])
+        for weights in files:
+            with open(weights, "rb") as source:
+                digest.update(source.read(1 << 20))
+            found = True
+        if not found:
+            digest.update(path.encode())
+    return digest.hexdigest()
+
+
+def answer_tokens(fingerprint: str, prompt: str, count: int, drift: float = 0.0) -> tuple[list[str], list[float]]:
+    """The double's greedy answer: tokens and their logprobs, a function of the model and the prompt only."""
+    tokens, logprobs = [], []
+    for position in range(count):
+        value = int.from_bytes(hashlib.sha256(f"{fingerprint}|{prompt}|{position}".encode()).digest()[:8], "big")
+        tokens.append(VOCABULARY[value % len(VOCABULARY)])
+        logprobs.append(round(-((value >> 16) % 2000) / 1000.0 + drift, 6))
+    return tokens, logprobs
+
+
 def sglang_default_fraction(total_mib: int, tp: int, speculative: bool) -> float:
     """SGLang's --mem-fraction-static when none is given (ServerArgs._handle_gpu_memory_settings): the GPU's size less
     what it reserves for metadata, a prefill's activations and CUDA graphs, at least 10 GiB on a GPU over 60 GiB."""
@@ -202,6 +243,9 @@ class Server:
         self.backup: list[bytes] = []
         self.created = int(time.time())
         self.spec = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "steps": 3}
+        self.woken = False  # woken from a park at least once (the answers fault "garbage_after_wake")
+        answers_fault = faults.get("answers")
+        self.fingerprint = model_fingerprint([settings.model] if answers_fault != "other_model" else [settings.model + "#another-model"])
 
     # --- GPUs and workers -------------------------------------------------------------------------------------------
     def gpu_indexes(self) -> list[int]:
@@ -285,6 +329,7 @@ class Server:
                 nvml_sim.resize(path, mib)
             self.backup = []
             self.parked = False
+            self.woken = True
 
     def complete(self, body: dict) -> tuple[int, dict]:
         if self.parked:
@@ -303,19 +348,29 @@ class Server:
         finally:
             with self.lock:
                 self.running -= 1
-        text = " Paris."[: max(1, tokens)]
+        prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else json.dumps(body.get("prompt"))
+        chosen, logprobs = answer_tokens(self.fingerprint, prompt, max(1, tokens), float(self.faults.get("logprob_drift", 0.0)))
+        fault = self.faults.get("answers")
+        if fault == "garbage" or (fault == "garbage_after_wake" and self.woken):
+            chosen, logprobs = ["!"] * len(chosen), [-0.0001] * len(chosen)
+        text = "".join(chosen)
+        # OpenAI completions' logprobs, as both engines give them when asked (logprobs: N)
+        wanted = body.get("logprobs")
+        answer_logprobs = ({"tokens": chosen, "token_logprobs": logprobs, "top_logprobs": [{t: lp} for t, lp in zip(chosen, logprobs)],
+                            "text_offset": [sum(len(t) for t in chosen[:i]) for i in range(len(chosen))]}
+                           if wanted not in (None, False) else None)
         usage = {"prompt_tokens": 6, "total_tokens": 6 + tokens, "completion_tokens": tokens, "prompt_tokens_details": None}
         if self.settings.engine == "vllm":
             return 200, {"id": f"cmpl-{uuid.uuid4().hex[:16]}", "object": "text_completion", "created": int(time.time()),
                          "model": body.get("model") or self.settings.served,
-                         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                         "choices": [{"index": 0, "text": text, "logprobs": answer_logprobs, "finish_reason": "length", "stop_reason": None,
                                       "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None,
                                       "weight_versions": None}],
                          "service_tier": None, "system_fingerprint": f"vllm-0.33.0-tp{self.settings.tp}-1a2b3c4d",
                          "usage": dict(usage, completion_tokens_details=None), "kv_transfer_params": None,
                          "ec_transfer_params": None, "metrics": None}
         return 200, {"id": uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()), "model": body.get("model", "default"),
-                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+                     "choices": [{"index": 0, "text": text, "logprobs": answer_logprobs, "finish_reason": "length", "matched_stop": None}],
                      "usage": dict(usage, reasoning_tokens=0, completion_tokens_details=None), "metadata": {"weight_version": "default"}}
 
     def record_speculation(self, tokens: int) -> None:

@@ -79,7 +79,8 @@ ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(term
            (r"\.outside\[\]\.(?!placement)", ".killed[]."),
            (r"\.memory_before\[\]\.", ".memory_after[]."),
            (r"\.leftover_mib\.\d+$", ".leftover_mib"),  # keyed by GPU index
-           (r"\.stage_tokenizer\.", ".stage.")]  # documented as "the same keys as stage"
+           (r"\.stage_tokenizer\.", ".stage."),  # documented as "the same keys as stage"
+           (r"\.rollback_answer_check\.", ".answer_check.")]
 
 
 def documented_keys(heading: str) -> set[str]:
@@ -168,7 +169,15 @@ def replaced_record(result="rolled_back") -> dict:
                          stage=reports.stage_record(deferred, "lab/Tiny-GGUF:Q8_0"),
                          replace_decision={"asked": True, "path": REPLACE["path"], "restage": {"source": "lab/tiny-llama"}, "reason": None},
                          replace={"changed": True, "bytes": 24 * 2**20, "seconds": 3.1, "rate_mib_s": 7.7, "replace": dict(REPLACE, removed=True)},
-                         restage={"changed": True, "present": False, "bytes": 64 * 2**20, "seconds": 8.2, "rate_mib_s": 7.8})
+                         restage={"changed": True, "present": False, "bytes": 64 * 2**20, "seconds": 8.2, "rate_mib_s": 7.8},
+                         answer_check=dict(CHECKED, passed=False, mismatch="token 1 of probe 1: ' Lyon' where the record has ' Paris'",
+                                           after_wake=dict(CHECKED, seconds=0.2)),
+                         rollback_answer_check=CHECKED)
+
+
+CHECKED = {"kind": "golden", "passed": True, "probes": 3, "seconds": 0.31, "mismatch": None, "drift": 0.002, "recorded_at": T0 - 86400,
+           "record": "/var/lib/gpufleet-serving/answers/vllm-0123456789abcdef.json", "recorded": False, "refresh": False,
+           "answers": [], "expected": [], "identity": {"key": "0123456789abcdef"}}
 
 
 def test_a_replaced_model_is_reported_with_its_estimate_its_download_and_the_rollbacks_restage():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
@@ -34,6 +35,7 @@ class Node(cutover.NodeOps):
         self.left = list(left)  # holders the holders step reports and leaves (outside_units=report)
         self.costs = {"drain": 0.2, "stop_units": 0.3, "kill_holders": 0.05, "memory": 0.02, "start": 0.01, "wait_ready": 2.0, **(costs or {})}
         self.calls = []
+        self.answers_by_unit, self.records = {}, {}
 
     def _step(self, name, *args):
         self.calls.append((name, *args))
@@ -64,7 +66,7 @@ class Node(cutover.NodeOps):
         after = {"vllm.service": "failed"}
         return {"results": [{"unit": unit, "changed": unit in after, "state_after": {"ActiveState": after.get(unit, "inactive")}} for unit in units]}
 
-    def kill_holders(self, units):
+    def kill_holders(self, units, keep=()):
         self._step("kill_holders", tuple(units))
         return {"killed": [], "terminated": [], "targets": [], "outside": [{"pid": pid, "comm": "train.py"} for pid in self.left]}
 
@@ -93,6 +95,24 @@ class Node(cutover.NodeOps):
     def stage(self, params):
         self._step("stage", params["source"])
         return {"changed": True, "present": False, "replace": {"path": params["replaceable"], "removed": True}, "bytes": 1 << 30}
+
+    def ask(self, engine, prompt, max_tokens):
+        self._step("ask", engine.unit)
+        text = self.answers_by_unit.get(engine.unit, " Paris, the city of light.")
+        if isinstance(text, list):  # one answer per start: the first call's, then the next
+            text = text[0] if len(text) == 1 else text.pop(0)
+        tokens = [text[i:i + 4] for i in range(0, len(text), 4)]
+        return answers.Answer(prompt, text, tokens, [-0.1] * len(tokens))
+
+    def unit_command(self, unit):
+        return f"/usr/bin/{unit} serve /m"
+
+    def read_answers(self, path):
+        return self.records.get(path)
+
+    def write_answers(self, path, record):
+        self._step("write_answers", path)
+        self.records[path] = record
 
     def soak(self, engine, seconds):
         self._step("soak", engine.unit, seconds)
@@ -466,3 +486,72 @@ def test_a_replacement_needs_its_way_back_and_no_park():
         cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, replace_model=REPLACE)
     with pytest.raises(InvalidInput, match="cannot be parked"):
         cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, replace_model=REPLACE, restage_previous=RESTAGE, park_previous=True)
+
+
+CHECK = answers.CheckSettings(versions={"sglang": "0.5.23", "vllm": "0.33.0"}, record_dir="/rec")
+
+
+def test_a_new_engine_is_sanity_checked_before_it_counts_as_serving_and_its_answers_become_its_record_after_the_soak():
+    clock = Clock()
+    node = Node(clock)
+    result = run(node, clock, answers=CHECK, soak=3)
+    names = [call[0] for call in node.calls]
+    assert names.index("wait_ready") < names.index("ask") < names.index("soak") < names.index("write_answers")
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "answer_check", "soak", "end"]
+    checked = result["answer_check"]
+    assert checked["kind"] == "sanity" and checked["passed"] and checked["recorded"] and checked["probes"] == 3
+    record = node.records[checked["record"]]
+    assert record["engine"] == "sglang" and record["version"] == "0.5.23" and len(record["probes"]) == 3
+
+    again = Node(clock)
+    again.records = node.records
+    second = run(again, clock, answers=CHECK)
+    assert second["answer_check"]["kind"] == "golden" and second["answer_check"]["passed"] and not second["answer_check"]["recorded"]
+    assert "write_answers" not in [call[0] for call in again.calls], "a record is kept, not rewritten"
+
+
+def test_an_engine_that_answers_garbage_or_otherwise_than_its_record_is_rolled_back_before_rotation():
+    clock = Clock()
+    garbage = Node(clock)
+    garbage.answers_by_unit["sglang.service"] = "!!!!!!!!!!!!"
+    result = run(garbage, clock, answers=CHECK)
+    assert result["result"] == "rolled_back" and result["reason"].startswith("answer_check: sglang answered wrongly (sanity check): probe 1")
+    assert ("start", "vllm.service") in garbage.calls and not garbage.records
+
+    recorded = Node(clock)
+    run(recorded, clock, answers=CHECK)
+    changed = Node(clock)
+    changed.records = recorded.records
+    changed.answers_by_unit["sglang.service"] = " Lyon, the city of light."
+    result = run(changed, clock, answers=CHECK)
+    assert result["result"] == "rolled_back" and "token 1 of probe 1: ' Lyo' where the record has ' Par'" in result["reason"]
+    assert result["rollback_answer_check"]["kind"] == "sanity" and result["rollback_answer_check"]["passed"], "the previous engine's own"
+
+
+def test_a_woken_engine_that_answers_otherwise_is_started_cold_and_checked_again():
+    clock = Clock()
+    first = Node(clock)
+    run(first, clock, answers=CHECK)
+    woken = Node(clock)
+    woken.records = first.records
+    woken.wake = lambda engine, timeout: {"call_s": 0.1}
+    woken.record_parked = lambda record, measured=None: woken.calls.append(("record_parked", record))
+    woken.answers_by_unit["sglang.service"] = ["!!!!!!!!!!!!", "!!!!!!!!!!!!", "!!!!!!!!!!!!", " Paris, the city of light."]
+    result = run(woken, clock, answers=CHECK, wake=True)
+    assert result["result"] == "switched", result["reason"]
+    assert result["wake"]["answered_differently"].startswith("token 1 of probe 1: '!!!!' where the record has ' Par'")
+    assert result["answer_check"]["kind"] == "golden" and result["answer_check"]["passed"]
+    assert result["answer_check"]["after_wake"]["passed"] is False
+    assert [mark[0] for mark in result["marks"]] == ["drain", "teardown", "bring_up", "answer_check", "restart", "end"]
+    names = [call[0] for call in woken.calls]
+    assert names.count("stop_units") == 2 and ("start", "sglang.service") in woken.calls
+    assert ("record_parked", None) in woken.calls, "started cold: no engine is parked any more"
+
+
+def test_a_previous_engine_that_answers_otherwise_after_the_rollback_fails_the_rollback():
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("sglang.service stopped")})
+    node.answers_by_unit["vllm.service"] = ""
+    result = run(node, clock, answers=CHECK)
+    assert result["result"] == "rollback_failed"
+    assert result["rollback_error"].startswith("vllm answers wrongly after the rollback (sanity check): probe 1")
