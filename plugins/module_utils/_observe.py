@@ -13,6 +13,8 @@ reads go through one seam, NodeReader, which the module builds from the other mo
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -141,6 +143,20 @@ def parked(path: str | None, engines: dict) -> dict | None:
 def park_history(path: str | None) -> dict:
     """What each engine's last park on this node left (engine_cutover keeps it)."""
     return park.read_history(path)
+
+
+def answer_records(directory: str | None) -> list[dict]:
+    """Each golden record's identity (engine, model, version, command, key) and when it was taken - not its answers."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))) if directory else []:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("key"):
+            found.append({key: record.get(key) for key in ("engine", "model", "version", "command", "key", "created")})
+    return found
 
 
 def host_memory(meminfo: str = "/proc/meminfo") -> dict:

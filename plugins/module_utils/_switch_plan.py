@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
@@ -55,6 +56,9 @@ class Settings:
     park_previous: str = "off"  # off, auto (park where the engine and the host allow it) or required
     park_margin_mib: int = 2048  # host memory kept free beside a parked engine's weights
     replace_model: bool = False  # the target's model may take the place of the previous engine's (after its stop)
+    answer_check: bool = True  # the engine's answers checked before rotation
+    answer_refresh: bool = False  # a new record taken on purpose
+    answer_expectations: int = 0  # the operator's expectations (switch_engine_answer_checks)
 
     @classmethod
     def from_vars(cls, values: dict) -> Settings:
@@ -86,6 +90,8 @@ class Found:
     host: dict = field(default_factory=dict)  # the host's memory: available_bytes, total_bytes
     sizes: dict = field(default_factory=dict)  # bytes of weights by model directory
     park_history: dict = field(default_factory=dict)  # what each engine's last park on the node left (engine_observe)
+    target_argv: list = field(default_factory=list)  # the command the target's unit runs now
+    answer_records: list = field(default_factory=list)  # the golden records on the node (engine_observe: identities only)
 
     @classmethod
     def from_vars(cls, values: dict) -> Found:
@@ -182,6 +188,7 @@ def plan(settings: Settings, node: Found) -> dict:
     return {
         "park": standby,
         "replace": replacement(settings, node),
+        "answer_check": answer_plan(settings, node, would_change),
         "unchanged": unchanged,
         "would_change": would_change,
         "staged": staged,
@@ -256,6 +263,26 @@ def replacement(settings: Settings, node: Found) -> dict:
     else:
         decision.update(path=previous["model_dir"], restage=stage_items(previous)[0])
     return decision
+
+
+def answer_plan(settings: Settings, node: Found, would_change: dict) -> dict:
+    """Which answer check the target will get before rotation: compared with its golden record (the one of its engine,
+    model, version and command), or a sanity check (and why there is no record to compare with)."""
+    probes = len(answers.PROBES) + settings.answer_expectations
+    if not settings.answer_check:
+        return {"kind": None, "probes": 0, "reason": "switch_engine_answer_check is off", "recorded_at": None}
+    target = node.engines.get(settings.target) or {}
+    if settings.answer_refresh:
+        return {"kind": "sanity", "probes": probes, "reason": "switch_engine_answer_refresh: a new record is taken", "recorded_at": None}
+    if would_change.get("unit") or would_change.get("install") or not node.target_argv:
+        return {"kind": "sanity", "probes": probes, "recorded_at": None,
+                "reason": "its command line or version changes: no record is this configuration's yet"}
+    ident = answers.identity(settings.target, target.get("served_model_name") or "", node.target_installed, node.target_argv)
+    record = next((record for record in node.answer_records if record.get("key") == ident["key"]), None)
+    if record is None:
+        return {"kind": "sanity", "probes": probes, "reason": "no record of this engine, model, version and command on the node",
+                "recorded_at": None}
+    return {"kind": "golden", "probes": len(answers.PROBES), "reason": None, "recorded_at": record.get("created")}
 
 
 def stage_request(item: dict, common: dict, replaceable: str | None = None) -> dict:

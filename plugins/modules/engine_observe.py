@@ -37,6 +37,7 @@ ARGUMENT_SPEC = dict(
     parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
     sizes=dict(type="list", elements="path", default=[]),
     park_history_path=dict(type="str", default="/var/lib/gpufleet-serving/park_history.json"),
+    answer_record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
 )
 
 
@@ -111,7 +112,7 @@ def main() -> None:
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
             module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None,
-                             parked=None, host={}, sizes={}, park_history={})
+                             parked=None, host={}, sizes={}, park_history={}, answer_records=[])
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])
@@ -120,6 +121,8 @@ def main() -> None:
         result["host"] = observe.host_memory()
         result["sizes"] = {path: observe.weights_bytes(path) for path in module.params["sizes"]}
         result["park_history"] = observe.park_history(module.params["park_history_path"])
+        # the engines' golden records here: what an answer check would compare with (--check says which it would run)
+        result["answer_records"] = observe.answer_records(module.params["answer_record_dir"])
     except OSError as exc:
         module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:

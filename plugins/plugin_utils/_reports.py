@@ -341,6 +341,7 @@ def _plan(plan, teardown) -> dict | None:
             "processes_to_signal": [p for p in holders if p.get("unit") not in units],
             "target_files_change": dict(plan.get("target_files_change") or {}),
             "target_install": dict(plan["target_install"]) if plan.get("target_install") else None,
+            "answer_check": dict(plan["answer_check"]) if plan.get("answer_check") else None,
             "gpus": list(teardown.get("memory_before") or [])}
 
 
@@ -529,7 +530,15 @@ def stage_line(stage: dict, planned: bool) -> str:
 
 
 def answer_lines(report: dict) -> list[str]:
-    """What the answer checks before rotation found: the target's (a woken engine's first), the rollback's."""
+    """What the answer checks before rotation found: the target's (a woken engine's first), the rollback's - or, in
+    check mode, which check would run."""
+    planned = (report.get("plan") or {}).get("answer_check")
+    if planned:
+        if not planned.get("kind"):
+            return [f"would not check {report.get('to')}'s answers: {planned.get('reason')}"]
+        against = (f"against its record of {_iso(planned['recorded_at'])}" if planned.get("kind") == "golden"
+                   else f"(a sanity check: {planned.get('reason')})")
+        return [f"would check {report.get('to')}'s answers before rotation {against}: {planned.get('probes')} probe(s)"]
     lines = []
     for label, checked in ((report.get("to"), report.get("answer_check")), (f"{report.get('from')} (rollback)", report.get("rollback_answer_check"))):
         if not checked:

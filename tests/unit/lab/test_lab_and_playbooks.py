@@ -311,3 +311,35 @@ def test_the_doubles_park_and_wake_through_the_engines_routes_and_move_their_gpu
         monkeypatch.delenv("VLLM_SERVER_DEV_MODE")
         plain = engine_double.Settings(engine, engine_cli.parse(engine, argv))
         assert not plain.can_park, "the sleep routes exist only in development mode"
+
+
+def test_the_doubles_answer_from_the_model_they_serve_and_their_faults_spoil_it(tmp_path):
+    """Issue 53 (5): one model answers one prompt the same (tokens and logprobs) across starts; another model's bytes
+    answer otherwise; the faults give '!' after a wake, garbage from the start, another model's tokens. Read by the
+    collection's own answer check (its degenerate detector and comparison)."""
+    import engine_cli
+    import engine_double
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
+
+    for name, seed in (("a", b"\1"), ("b", b"\2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(seed * 4096)
+
+    def answer(model: str, faults: dict, woken: bool = False) -> answers.Answer:
+        server = engine_double.Server(engine_double.Settings("vllm", engine_cli.parse("vllm", [model])), faults)
+        server.woken = woken
+        status, body = server.complete({"prompt": answers.PROBES[0], "max_tokens": answers.PROBE_TOKENS, "temperature": 0, "logprobs": 1})
+        assert status == 200
+        return answers.Answer.from_completion(answers.PROBES[0], body)
+
+    first, again = answer(str(tmp_path / "a"), {}), answer(str(tmp_path / "a"), {})
+    assert first == again and len(first.tokens) == answers.PROBE_TOKENS and all(value < 0 for value in first.logprobs)
+    assert answers.degenerate(first) is None and answers.compare([first.to_dict()], [again], 0.0) is None
+    assert answers.compare([first.to_dict()], [answer(str(tmp_path / "b"), {})], 0.05).startswith("token ")
+    assert answers.compare([first.to_dict()], [answer(str(tmp_path / "a"), {"answers": "other_model"})], 0.05).startswith("token ")
+    assert answer(str(tmp_path / "a"), {"answers": "garbage_after_wake"}) == first, "not woken: right"
+    assert "one character repeated" in answers.degenerate(answer(str(tmp_path / "a"), {"answers": "garbage_after_wake"}, woken=True))
+    assert answers.degenerate(answer(str(tmp_path / "a"), {"answers": "garbage"})) is not None
+    drifted = answer(str(tmp_path / "a"), {"logprob_drift": 0.2})
+    assert drifted.tokens == first.tokens and "tolerance 0.05" in answers.compare([first.to_dict()], [drifted], 0.05)

@@ -144,7 +144,8 @@ def planned_record() -> dict:
                          outcome={"result": "would_switch"}, preflight=CHECKS, teardown=teardown,
                          prewarm={"changed": False, "bytes": 0, "total_bytes": 10, "files": 1, "seconds": 0.0, "finished": False,
                                   "skipped_reason": "check mode: nothing read"},
-                         plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False}},
+                         plan={"running_requests": 2.0, "units_to_stop": ["vllm.service"], "target_files_change": {"unit": True, "secrets": False},
+                               "answer_check": {"kind": "golden", "probes": 3, "reason": None, "recorded_at": T0 - 3600}},
                          stage=reports.stage_record(STAGE_PLAN, "lab/tiny-llama"),
                          stage_tokenizer=reports.stage_record(dict(STAGE_PLAN, gguf=None), "lab/tiny-base"))
 

@@ -188,3 +188,23 @@ def test_the_cutovers_staging_request_is_the_item_with_the_common_options_replac
     request = switch_plan.stage_request(item, {"endpoint": "http://hub", "margin_mib": 1}, "/m/old")
     assert request == {"source": "lab/Tiny-GGUF", "revision": "main", "dest": "/m/q8", "quant": "Q8_0", "merge_gguf": True,
                        "endpoint": "http://hub", "margin_mib": 1, "replaceable": "/m/old", "replace": "now"}
+
+
+def test_the_plan_says_which_answer_check_the_target_gets():
+    """Issue 53 (4): golden where a record of the target's engine, model, version and command is on the node; a sanity
+    check where there is none, where its command or version changes, or on a refresh; none when off."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
+
+    sglang = dict(SGLANG, served_model_name="llama70b")
+    argv = ["/usr/bin/sglang", "serve", "--model-path", "/models/m"]
+    record = dict(answers.identity("sglang", "llama70b", "0.5.23", argv), created=1_700_000_000)
+    node = found(engines={"vllm": VLLM, "sglang": sglang}, target_installed="0.5.23", target_argv=argv, answer_records=[record])
+    assert switch_plan.plan(settings(), node)["answer_check"] == {"kind": "golden", "probes": 3, "reason": None, "recorded_at": 1_700_000_000}
+    other_version = found(engines={"vllm": VLLM, "sglang": sglang}, target_installed="0.5.24", target_argv=argv, answer_records=[record])
+    assert switch_plan.plan(settings(answer_expectations=2), other_version)["answer_check"]["kind"] == "sanity"
+    assert switch_plan.plan(settings(answer_expectations=2), other_version)["answer_check"]["probes"] == 5
+    changed = switch_plan.plan(settings(), found(engines={"vllm": VLLM, "sglang": sglang}, target_installed="0.5.23", target_argv=argv,
+                                                 answer_records=[record], files={"unit": ["ExecStart"]}))
+    assert changed["answer_check"]["reason"] == "its command line or version changes: no record is this configuration's yet"
+    assert switch_plan.plan(settings(answer_refresh=True), node)["answer_check"]["kind"] == "sanity"
+    assert switch_plan.plan(settings(answer_check=False), node)["answer_check"]["kind"] is None
