@@ -45,6 +45,9 @@ METRICS = (
     ("refusals_total", "counter", ("reason",),
      "Runs refused before anything was stopped: foreign_holders, restarting_service, too_many_targets, preflight"),
     ("foreign_holders_total", "counter", (), "Other users' GPU processes found by a teardown or a switch"),
+    ("answer_check_failures_total", "counter", ("kind",),
+     "Engines that served but answered wrongly before rotation: golden (otherwise than their record), sanity (garbage, or "
+     "not the operator's expectation), woken (a woken engine, then started cold), rollback (the previous engine after a rollback)"),
     ("gpu_memory_used_bytes", "gauge", ("gpu", "UUID"), "Each GPU's used memory after the last teardown (labels as DCGM exporter's)"),
     ("parked_engine_host_memory_bytes", "gauge", ("engine",), "The parked engine's host memory (its weights' copy included)"),
     ("parked_since_timestamp_seconds", "gauge", ("engine",), "When the parked engine parked"),
@@ -54,7 +57,8 @@ METRICS = (
 SWITCH_RESULTS = ("switched", "rolled_back", "rollback_failed", "preflight_failed", "failed")
 # each counter's labels, written from the first run on (at 0), so that increase() sees the first of each
 BASELINE = {"signals": ("SIGTERM", "SIGCONT", "SIGKILL"),
-            "refusals": ("foreign_holders", "restarting_service", "too_many_targets", "preflight", "lease_held")}
+            "refusals": ("foreign_holders", "restarting_service", "too_many_targets", "preflight", "lease_held"),
+            "answer_check_failures": ("golden", "sanity", "woken", "rollback")}
 
 
 def empty_state() -> dict:
@@ -119,6 +123,7 @@ def record_switch(state: dict, result: dict, engines: list[dict], now: float) ->
         count(state, "refusals", "preflight")
     for teardown in (result.get("teardown"), result.get("rollback_teardown")):
         count_teardown(state, teardown)
+    count_answer_failures(state, result)
     marks = result.get("marks") or []
     if outcome in ("switched", "rolled_back", "rollback_failed"):
         state["last_switch"] = {"downtime_seconds": out_of_service(marks), "engine_start_seconds": result.get("engine_start_s"),
@@ -127,6 +132,17 @@ def record_switch(state: dict, result: dict, engines: list[dict], now: float) ->
                                 "phases": phase_seconds(marks)}
     state["engines"] = engines
     state["last_run"]["switch_engine"] = {"result": outcome, "timestamp": round(now, 3)}
+
+
+def count_answer_failures(state: dict, result: dict) -> None:
+    """Each answer check that failed: the target's by its kind, a woken engine's before its cold start, the rollback's."""
+    checked = result.get("answer_check") or {}
+    if (checked.get("after_wake") or {}).get("passed") is False:
+        count(state, "answer_check_failures", "woken")
+    if checked and not checked.get("passed"):
+        count(state, "answer_check_failures", checked.get("kind") or "sanity")
+    if (result.get("rollback_answer_check") or {}).get("passed") is False:
+        count(state, "answer_check_failures", "rollback")
 
 
 def out_of_service(marks: list) -> float | None:

@@ -31,4 +31,4 @@ def test_every_alert_has_a_case_where_it_fires():
     fired = {case["alertname"] for test in yaml.safe_load(TESTS.read_text())["tests"] for case in test.get("alert_rule_test") or []
              if case.get("exp_alerts")}
     assert alerts == fired
-    assert len(alerts) == 6
+    assert len(alerts) == 7

@@ -62,7 +62,7 @@ def test_counters_never_go_backwards_across_runs_and_carry_no_unbounded_label(tm
     assert samples[("gpufleet_signals_total", (("signal", "SIGKILL"),))] == 3
     counters = {name for name, kind, _labels, _text in metrics.METRICS if kind == "counter"}
     labels = {label for name, kind, names, _text in metrics.METRICS if kind == "counter" for label in names}
-    assert labels <= {"result", "signal", "reason"}, "no pid, run id or timestamp in a counter's labels"
+    assert labels <= {"result", "signal", "reason", "kind"}, "no pid, run id or timestamp in a counter's labels"
     assert all(name.endswith("_total") for name in counters)
 
 
@@ -92,3 +92,21 @@ def test_docs_metrics_table_is_what_the_code_writes():
                   for name, kind, labels in re.findall(r"^\| `gpufleet_(\w+)` \| (gauge|counter) \| ([^|]*) \|", text, re.M)}
     written = {(name, kind, labels) for name, kind, labels, _text in metrics.METRICS}
     assert documented == written
+
+
+def test_wrong_answers_are_counted_by_kind_from_zero(tmp_path):
+    """gpufleet_answer_check_failures_total: written at 0 for every kind from the first run; a woken engine that answered
+    otherwise (then passed cold) counts as woken, a rollback's previous engine as rollback."""
+    state = metrics.load_state(str(tmp_path / "state.json"))
+    metrics.record_switch(state, SWITCHED, ENGINES, now=1_800_000_000.0)
+    metrics.publish(state, str(tmp_path / "textfile"), str(tmp_path / "state.json"))
+    assert {labels: value for (name, labels), value in read(tmp_path / "textfile").items() if name == "gpufleet_answer_check_failures_total"} == {
+        (("kind", kind),): 0.0 for kind in ("golden", "sanity", "woken", "rollback")}
+    woken = dict(SWITCHED, answer_check={"kind": "golden", "passed": True, "after_wake": {"kind": "golden", "passed": False}})
+    failed = dict(SWITCHED, result="rollback_failed", answer_check={"kind": "sanity", "passed": False},
+                  rollback_answer_check={"kind": "golden", "passed": False})
+    for result in (woken, failed):
+        metrics.record_switch(state, result, ENGINES, now=1_800_000_100.0)
+    metrics.publish(state, str(tmp_path / "textfile"), str(tmp_path / "state.json"))
+    samples = read(tmp_path / "textfile")
+    assert [samples[("gpufleet_answer_check_failures_total", (("kind", kind),))] for kind in ("golden", "sanity", "woken", "rollback")] == [0, 1, 1, 1]
