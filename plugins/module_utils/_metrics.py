@@ -62,7 +62,8 @@ BASELINE = {"signals": ("SIGTERM", "SIGCONT", "SIGKILL"),
 
 
 def empty_state() -> dict:
-    return {"engines": [], "last_run": {}, "last_switch": None, "counters": {"switches": {}, "signals": {}, "refusals": {}, "foreign_holders": 0},
+    return {"engines": [], "last_run": {}, "last_switch": None,
+            "counters": {"switches": {}, "signals": {}, "refusals": {}, "foreign_holders": 0, "answer_check_failures": {}},
             "gpus": [], "parked": None, "lease": None}
 
 
