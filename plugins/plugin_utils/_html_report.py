@@ -29,6 +29,9 @@ PHASES = {
     "drain": ("#2f80ed", "drain"),
     "teardown": ("#eb5757", "teardown"),
     "bring_up": ("#27ae60", "bring-up"),
+    "replace": ("#828282", "model replaced (in the downtime)"),
+    "answer_check": ("#0b7285", "answer check"),
+    "restart": ("#c92a2a", "cold restart (woken engine answered otherwise)"),
     "verify": ("#56ccf2", "verify"),
     "rollback": ("#9b51e0", "rollback"),
     "join_rotation": ("#f2c94c", "join rotation"),
@@ -137,6 +140,9 @@ def timeline(document: dict) -> str:
             bar_y, bar_h = (y + row / 2 - 1, 2) if quiet else (y + 2, max(row - 4, 2))
             # the stage bar says what staging the model did: fetched (bytes, rate), present, or why it failed
             detail = (" - " + _reports.stage_line(report["stage"], bool(report.get("plan")))) if phase["phase"] == "stage" and report.get("stage") else ""
+            if phase["phase"] in ("answer_check", "restart"):
+                # what the answers were judged against, and the first difference when they were wrong
+                detail = " - " + "; ".join(_reports.answer_lines(report))
             parts.append(f'<rect x="{x(start):.1f}" y="{bar_y:.1f}" width="{max(x(start + seconds) - x(start), 1):.1f}" '
                          f'height="{bar_h}" fill="{colour}"><title>{_e(name)}: {_e(label)} {seconds:.1f} s{_e(detail)}</title></rect>')
         if failed:
