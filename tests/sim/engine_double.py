@@ -40,7 +40,8 @@ Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang"
   park_seconds (0.2)         time a park takes; wake_seconds (0.3): time a wake takes
   park_leftover_mib (600)    GPU memory each parked worker keeps (its CUDA context)
   answers                    how completions answer: "garbage_after_wake" ('!' over and over once woken, as vLLM after a
-                             level-2 wake), "garbage" (from the start), "other_model" (another model's tokens)
+                             level-2 wake; read again at each wake), "garbage" (from the start), "other_model" (another
+                             model's tokens)
   logprob_drift              added to every logprob (a kernel's nondeterminism, larger than it should be)
 
 Completions answer deterministically from the model served: each token is drawn from a small vocabulary by a hash of
@@ -330,6 +331,8 @@ class Server:
             self.backup = []
             self.parked = False
             self.woken = True
+            # a fault set while it was parked applies from its wake (the answers it gives after one)
+            self.faults["answers"] = load_faults(self.settings.engine).get("answers", self.faults.get("answers"))
 
     def complete(self, body: dict) -> tuple[int, dict]:
         if self.parked:
