@@ -322,10 +322,22 @@ def publish_metrics(params: dict, request: cutover.CutoverRequest, result: dict,
 def validated(name: str, value: dict, options: dict) -> dict:
     """A dict option checked against another module's options (their types, defaults and choices); a null value is
     one not given, as for a module's own options."""
-    checked = ArgumentSpecValidator(options).validate({key: item for key, item in value.items() if item is not None})
+    checked = ArgumentSpecValidator(options).validate(_given(value))
     if checked.error_messages:
         raise InvalidInput(f"{name}: {'; '.join(checked.error_messages)}")
     return checked.validated_parameters
+
+
+def _given(value: dict) -> dict:
+    """The keys given a value, at every depth: a null is a key not given (``previous: {engine: null}`` is no previous
+    engine's demand, not a bad engine name)."""
+    given = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            item = _given(item)
+        if item is not None and item != {}:
+            given[key] = item
+    return given
 
 
 def preflight_request(value: dict | None) -> preflight.Request | None:

@@ -555,3 +555,16 @@ def test_a_previous_engine_that_answers_otherwise_after_the_rollback_fails_the_r
     result = run(node, clock, answers=CHECK)
     assert result["result"] == "rollback_failed"
     assert result["rollback_error"].startswith("vllm answers wrongly after the rollback (sanity check): probe 1")
+
+
+def test_a_null_in_a_nested_option_is_an_option_not_given():
+    """A switch from a node where no engine served (after a cleanup) passed the preflight's way back as
+    {engine: null, ...}: refused as 'value of engine must be one of: vllm, sglang, got: None' and the cutover never ran
+    (switch_park's answers case found it). A null is a key not given, at every depth."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
+
+    request = cutover_node.preflight_request({"engine": "vllm", "model": "/m", "port": 8000, "checks": ["model"],
+                                              "previous": {"engine": None, "memory_fraction": None, "gpus_needed": 1, "visible_devices": None}})
+    assert request.previous is None
+    with pytest.raises(InvalidInput, match="previous"):
+        cutover_node.preflight_request({"engine": "vllm", "model": "/m", "port": 8000, "checks": ["model"], "previous": {"engine": "tgi"}})
