@@ -145,9 +145,10 @@ def drift(record: list[dict], answers: list[Answer]) -> float:
     return round(largest, 6)
 
 
-def sanity(answers: list[Answer], expectations: list[Expectation], expected_answers: list[Answer]) -> str | None:
-    """With no record: every probe answers with something that is not garbage, and the operator's expectations match."""
-    for number, answer in enumerate(answers, 1):
+def sanity(answers: list[Answer], expectations: list[Expectation], expected_answers: list[Answer], degenerate_check: bool = True) -> str | None:
+    """With no record: every probe answers with something that is not garbage (unless the operator turned that part
+    off: a model whose right answers look degenerate), and the operator's expectations match."""
+    for number, answer in enumerate(answers if degenerate_check else [], 1):
         why = degenerate(answer)
         if why:
             return f"probe {number} ({answer.prompt!r}) answered {why}: {_shown(answer.text)}"
@@ -171,6 +172,7 @@ class CheckSettings:
     refresh: bool = False
     versions: dict = field(default_factory=dict)
     probes: tuple = PROBES
+    degenerate_check: bool = True  # with no record: refuse garbage (off: only the expectations judge a first answer)
 
     @classmethod
     def from_params(cls, params: dict | None) -> CheckSettings | None:
@@ -181,7 +183,8 @@ class CheckSettings:
             raise InvalidInput(f"answer_check.tolerance: 0 to 10 (a logprob difference), got {tolerance:g}")
         expectations = tuple(Expectation.from_params(index, item) for index, item in enumerate(params.get("expectations") or []))
         return cls(expectations=expectations, tolerance=tolerance, record_dir=str(params.get("record_dir") or RECORD_DIR),
-                   refresh=bool(params.get("refresh")), versions=dict(params.get("versions") or {}))
+                   refresh=bool(params.get("refresh")), versions=dict(params.get("versions") or {}),
+                   degenerate_check=bool(params.get("degenerate_check", True)))
 
 
 def new_record(ident: dict, answers: list[Answer], created: float) -> dict:
@@ -190,11 +193,11 @@ def new_record(ident: dict, answers: list[Answer], created: float) -> dict:
 
 
 def judge(ident: dict, record: dict | None, answers: list[Answer], expectations: list[Expectation], expected: list[Answer],
-          tolerance: float) -> dict:
+          tolerance: float, degenerate_check: bool = True) -> dict:
     """The check's verdict: a golden comparison where the record is this engine's, else a sanity check."""
     if record and record.get("key") == ident["key"]:
         mismatch = compare(record.get("probes") or [], answers, tolerance)
         return {"kind": "golden", "passed": mismatch is None, "mismatch": mismatch, "drift": drift(record.get("probes") or [], answers),
                 "recorded_at": record.get("created")}
-    mismatch = sanity(answers, expectations, expected)
+    mismatch = sanity(answers, expectations, expected, degenerate_check)
     return {"kind": "sanity", "passed": mismatch is None, "mismatch": mismatch, "drift": None, "recorded_at": None}

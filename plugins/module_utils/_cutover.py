@@ -509,7 +509,7 @@ def checked_answers(request: CutoverRequest, ops: NodeOps, clock: Clock, engine:
                    "recorded_at": (record or {}).get("created")}
         got, expected = [], []
     else:
-        verdict = answers.judge(ident, record, got, checks, expected, settings.tolerance)
+        verdict = answers.judge(ident, record, got, checks, expected, settings.tolerance, settings.degenerate_check)
     return dict(verdict, probes=len(settings.probes) + len(checks), seconds=round(clock.monotonic() - started, 3), record=path,
                 identity=ident, answers=[answer.to_dict() for answer in got], expected=[answer.to_dict() for answer in expected],
                 recorded=False, refresh=settings.refresh)

@@ -61,7 +61,7 @@ class Node(cutover.NodeOps):
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
 
     def ask(self, engine: cutover.Engine, prompt: str, max_tokens: int) -> answers.Answer:
-        body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=30), engine.model, prompt, max_tokens)
+        body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=30), engine.model, prompt, max_tokens, engine.engine)
         return answers.Answer.from_completion(prompt, body)
 
     def unit_command(self, unit: str) -> str:

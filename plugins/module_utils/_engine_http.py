@@ -115,11 +115,14 @@ def check_ready(engine: str, client: HttpClient, model: str, completion: bool = 
     return Readiness(True, checks)
 
 
-def greedy_completion(client: HttpClient, model: str, prompt: str, max_tokens: int) -> dict:
+def greedy_completion(client: HttpClient, model: str, prompt: str, max_tokens: int, engine: str = "") -> dict:
     """One completion at temperature 0 with the chosen tokens' logprobs (OpenAI completions' ``logprobs: 1``, which both
-    engines return); raises CommandFailed with the status or the error when there is no answer."""
-    reply = client.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                                                       "logprobs": 1, "seed": 0})
+    engines return); raises CommandFailed with the status or the error when there is no answer. vLLM is asked for the
+    tokens as their ids (``return_tokens_as_token_ids``: "token_id:N"), so that two tokens that decode alike differ."""
+    payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1, "seed": 0}
+    if engine == "vllm":
+        payload["return_tokens_as_token_ids"] = True
+    reply = client.request("POST", "/v1/completions", payload)
     body = _json(reply.body)
     if reply.status != 200 or not body.get("choices"):
         raise CommandFailed(f"/v1/completions for {prompt!r}: {reply.status or reply.error} {reply.body[:200] if reply.body else ''}".rstrip())

@@ -82,6 +82,7 @@ ARGUMENT_SPEC = dict(
         record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
         refresh=dict(type="bool", default=False),
         versions=dict(type="dict", default={}),
+        degenerate_check=dict(type="bool", default=True),
     )),
 )
 

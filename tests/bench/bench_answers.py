@@ -43,7 +43,7 @@ def free_port() -> int:
 def probe_set(url: str, model: str) -> tuple[list[answers.Answer], float]:
     client = http.HttpClient(url, timeout=120)
     started = time.monotonic()
-    got = [answers.Answer.from_completion(prompt, http.greedy_completion(client, model, prompt, answers.PROBE_TOKENS))
+    got = [answers.Answer.from_completion(prompt, http.greedy_completion(client, model, prompt, answers.PROBE_TOKENS, "vllm"))
            for prompt in answers.PROBES]
     return got, time.monotonic() - started
 

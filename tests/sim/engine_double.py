@@ -359,7 +359,9 @@ class Server:
         text = "".join(chosen)
         # OpenAI completions' logprobs, as both engines give them when asked (logprobs: N)
         wanted = body.get("logprobs")
-        answer_logprobs = ({"tokens": chosen, "token_logprobs": logprobs, "top_logprobs": [{t: lp} for t, lp in zip(chosen, logprobs)],
+        shown = ([f"token_id:{VOCABULARY.index(token) if token in VOCABULARY else 999}" for token in chosen]
+                 if body.get("return_tokens_as_token_ids") and self.settings.engine == "vllm" else chosen)
+        answer_logprobs = ({"tokens": shown, "token_logprobs": logprobs, "top_logprobs": [{t: lp} for t, lp in zip(shown, logprobs)],
                             "text_offset": [sum(len(t) for t in chosen[:i]) for i in range(len(chosen))]}
                            if wanted not in (None, False) else None)
         usage = {"prompt_tokens": 6, "total_tokens": 6 + tokens, "completion_tokens": tokens, "prompt_tokens_details": None}

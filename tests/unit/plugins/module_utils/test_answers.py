@@ -79,3 +79,12 @@ def test_a_record_belongs_to_one_engine_model_version_and_command():
     assert one["key"] != answers.identity("vllm", "/m", "0.34.0", "vllm serve /m --tensor-parallel-size 8")["key"]
     assert one["key"] != answers.identity("vllm", "/m", "0.33.0", "vllm serve /m --tensor-parallel-size 4")["key"]
     assert answers.record_path("/var/lib/x/", one) == f"/var/lib/x/vllm-{one['key']}.json"
+
+
+def test_with_the_degenerate_check_off_only_the_expectations_judge_a_first_answer():
+    noise = answers.Answer("p", "", ["token_id:604"] * 24, [-6.0] * 24)  # the lab's tiny real model, random weights
+    ident = answers.identity("vllm", "tiny-llama", "0.32.0", "vllm serve /m")
+    assert answers.judge(ident, None, [noise], [], [], 0.05)["passed"] is False
+    assert answers.judge(ident, None, [noise], [], [], 0.05, degenerate_check=False)["passed"] is True
+    expect = answers.Expectation.from_params(0, {"prompt": "p", "expect": "Paris"})
+    assert answers.judge(ident, None, [noise], [expect], [noise], 0.05, degenerate_check=False)["passed"] is False
