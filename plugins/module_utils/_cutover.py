@@ -482,6 +482,13 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result
         if request.answers and clock is not None:
             # its own record, where it has one; no operator's expectation (those are the target's)
             checked = checked_answers(request, ops, clock, request.previous, expectations=False)
+            if not checked["passed"] and parked:
+                # woken and answering otherwise: started cold, as a woken target is
+                teardown(request, ops, request.stop_grace)
+                ops.reset_failed([request.previous.unit])
+                ops.start(request.previous.unit)
+                ops.wait_ready(request.previous, request.previous.ready_timeout)
+                checked = dict(checked_answers(request, ops, clock, request.previous, expectations=False), after_wake=checked)
             if result is not None:
                 result["rollback_answer_check"] = checked
             if not checked["passed"]:

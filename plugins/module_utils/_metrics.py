@@ -142,7 +142,10 @@ def count_answer_failures(state: dict, result: dict) -> None:
         count(state, "answer_check_failures", "woken")
     if checked and not checked.get("passed"):
         count(state, "answer_check_failures", checked.get("kind") or "sanity")
-    if (result.get("rollback_answer_check") or {}).get("passed") is False:
+    rollback = result.get("rollback_answer_check") or {}
+    if (rollback.get("after_wake") or {}).get("passed") is False:
+        count(state, "answer_check_failures", "woken")
+    if rollback.get("passed") is False:
         count(state, "answer_check_failures", "rollback")
 
 

@@ -332,7 +332,7 @@ class Server:
             self.parked = False
             self.woken = True
             # a fault set while it was parked applies from its wake (the answers it gives after one)
-            self.faults["answers"] = load_faults(self.settings.engine).get("answers", self.faults.get("answers"))
+            self.faults["answers"] = load_faults(self.settings.engine).get("answers")
 
     def complete(self, body: dict) -> tuple[int, dict]:
         if self.parked:

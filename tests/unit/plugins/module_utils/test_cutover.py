@@ -568,3 +568,22 @@ def test_a_null_in_a_nested_option_is_an_option_not_given():
     assert request.previous is None
     with pytest.raises(InvalidInput, match="previous"):
         cutover_node.preflight_request({"engine": "vllm", "model": "/m", "port": 8000, "checks": ["model"], "previous": {"engine": "tgi"}})
+
+
+def test_a_previous_engine_woken_by_the_rollback_that_answers_otherwise_is_started_cold_too():
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "sglang.service"): cutover.NotServing("sglang.service stopped")})
+    # vllm's record, taken when it was a target (the same identity as the previous engine's)
+    ident = answers.identity("vllm", "m", "0.33.0", "/usr/bin/vllm.service serve /m")
+    node.records[answers.record_path("/rec", ident)] = answers.new_record(
+        ident, [answers.Answer(p, " Paris, the city of light.", [" Paris, the city of light."[i:i + 4] for i in range(0, 26, 4)], [-0.1] * 7)
+                for p in answers.PROBES], 0)
+    node.park = lambda engine, timeout: {"parked": True, "seconds": 0.1, "gpus": [], "leftover_mib": {}}
+    node.wake = lambda engine, timeout: {"call_s": 0.1}
+    node.record_parked = lambda record, measured=None: None
+    node.answers_by_unit["vllm.service"] = ["!!!!!!!!!!!!"] * 3 + [" Paris, the city of light."]
+    result = run(node, clock, answers=CHECK, park_previous=True)
+    assert result["result"] == "rolled_back", result["rollback_error"]
+    checked = result["rollback_answer_check"]
+    assert checked["kind"] == "golden" and checked["passed"] and checked["after_wake"]["passed"] is False
+    assert ("start", "vllm.service") in node.calls, "started cold after its wake answered otherwise"
