@@ -66,7 +66,7 @@ class Node(cutover.NodeOps):
         after = {"vllm.service": "failed"}
         return {"results": [{"unit": unit, "changed": unit in after, "state_after": {"ActiveState": after.get(unit, "inactive")}} for unit in units]}
 
-    def kill_holders(self, units, keep=()):
+    def kill_holders(self, units, kept=()):
         self._step("kill_holders", tuple(units))
         return {"killed": [], "terminated": [], "targets": [], "outside": [{"pid": pid, "comm": "train.py"} for pid in self.left]}
 

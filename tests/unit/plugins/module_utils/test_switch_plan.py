@@ -178,8 +178,8 @@ def test_only_a_previous_model_staged_from_the_hub_may_be_replaced_and_its_stagi
                                                              "again for a rollback, so it is never removed")
     required = switch_plan.plan(settings(target="vllm", replace_model=True, park_previous="required"), pivot)["replace"]
     assert required["path"] is None and "park" in required["reason"]
-    in_place = switch_plan.plan(settings(target="sglang", replace_model=True), found(engines={"vllm": quant, "sglang": nvfp4}, found=["sglang"],
-                                                                                    serving=["sglang"], previous="sglang"))["replace"]
+    same = found(engines={"vllm": quant, "sglang": nvfp4}, found=["sglang"], serving=["sglang"], previous="sglang")
+    in_place = switch_plan.plan(settings(target="sglang", replace_model=True), same)["replace"]
     assert in_place["path"] is None and "in-place" in in_place["reason"]
 
 
