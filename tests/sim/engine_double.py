@@ -23,6 +23,7 @@ What it does like the real servers:
 
 Faults, from /etc/gpufleet-sim/faults.json ({"*": {...}, "vllm": {...}, "sglang": {...}}) or GPUFLEET_SIM_FAULTS (JSON):
   load_seconds (default 1)   time before the port listens
+  load_until                 a path: loading goes on until it exists (at most 600 s more)
   request_seconds (0.05)     time each completion takes
   drain_seconds              keep running this long after SIGTERM before exiting
   ignore_sigterm             the server ignores SIGTERM
@@ -581,6 +582,11 @@ def main(argv: list[str]) -> None:
     loaded, seconds = read_weights([settings.model] + ([settings.draft_model] if settings.draft_model else []))
     print(f"INFO: read {loaded / 2**30:.2f} GiB of weights in {seconds:.2f}s", flush=True)
     time.sleep(float(faults.get("load_seconds", 1)))  # loading: the port does not listen yet
+    if faults.get("load_until"):
+        # a test holds the load (and so the switch's lease) until it lets go: no race with a machine's pace
+        deadline = time.monotonic() + 600
+        while not Path(faults["load_until"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
     if not server.stopping.is_set():
         server.serve()
     server.stopping.wait()
