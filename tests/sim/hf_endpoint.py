@@ -1,6 +1,6 @@
 """A Hugging Face compatible endpoint on 127.0.0.1 serving local model repositories, for the real huggingface_hub client.
 
-    python tests/sim/hf_endpoint.py --root DIR [--port 0] [--rate-mib 0] [--log FILE]
+    python tests/sim/hf_endpoint.py --root DIR [--port 0] [--rate-mib 0] [--log FILE] [--hold FILE]
 
 DIR/<org>/<name>/ holds a repository's files (revision "main"). What the client asks for: the repository's metadata
 (GET /api/models/<org>/<name>[/revision/<rev>]: commit sha and every file with its size), and each file
@@ -46,6 +46,7 @@ class Handler(BaseHTTPRequestHandler):
     root: Path
     rate: float  # bytes per second; 0 for no limit
     log: Path | None  # one line per file body sent: "<repo> <file>" (which files a client fetched)
+    hold: Path | None  # while this file exists, file bodies stop where they are (a test's pause, no race with a pace)
 
     def log_message(self, *_args) -> None:  # quiet
         return
@@ -114,6 +115,9 @@ class Handler(BaseHTTPRequestHandler):
                 except (BrokenPipeError, ConnectionResetError):
                     return
                 sent += len(chunk)
+                while self.hold is not None and self.hold.exists():
+                    time.sleep(0.1)
+                    began += 0.1  # the pause is not owed to the rate
                 if self.rate:
                     ahead = sent / self.rate - (time.monotonic() - began)
                     if ahead > 0:
@@ -146,9 +150,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rate-mib", type=float, default=0)
     parser.add_argument("--log", help="append '<repo> <file>' for each file body sent")
+    parser.add_argument("--hold", help="while this file exists, file bodies stop where they are")
     args = parser.parse_args(argv)
     handler = type("RepositoryHandler", (Handler,), {"root": Path(args.root), "rate": args.rate_mib * (1 << 20),
-                                                     "log": Path(args.log) if args.log else None})
+                                                     "log": Path(args.log) if args.log else None,
+                                                     "hold": Path(args.hold) if args.hold else None})
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     print(f"listening {server.server_address[1]}", flush=True)
     os.environ.pop("HF_TOKEN", None)
