@@ -202,10 +202,11 @@ def test_a_model_that_fits_only_in_place_of_the_previous_one_is_deferred_then_fe
     _repository, endpoint, log = quant_hub
     root = tmp_path / "models"
     previous = previous_model(root)
+    # a margin 8 GiB over what is free (other jobs write beside this one): only the previous model's 64 GiB make room
     free_mib = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // (1 << 20)
     args = {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "merge_gguf": True, "dest": str(root / "acme--Tiny-GGUF--Q4_K_M"),
             "endpoint": endpoint, "models_root": str(root), "keep": [str(previous)], "replaceable": str(previous),
-            "margin_mib": free_mib + 1}  # more than is free: only the previous model's 64 GiB make room
+            "margin_mib": free_mib + 8192}
 
     refused = run_module("model_stage", args)
     assert refused.failed and "not enough room" in refused["msg"]
@@ -242,7 +243,7 @@ def test_only_a_model_staged_under_the_models_root_can_be_replaced(tmp_path, qua
     free_mib = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize // (1 << 20)
     refused = run_module("model_stage", {"source": "acme/Tiny-GGUF", "quant": "Q8_0", "dest": str(tmp_path / "models" / "q8"),
                                          "endpoint": endpoint, "models_root": str(tmp_path / "models"), "replaceable": str(elsewhere),
-                                         "replace": "now", "margin_mib": free_mib + 1})
+                                         "replace": "now", "margin_mib": free_mib + 8192})
     assert refused.failed and "is not a model staged directly under" in refused["msg"]
     assert elsewhere.exists() and not log.exists()
 

@@ -12,6 +12,7 @@ A scenario's log is build/molecule-<scenario>.log; a failed one prints its faili
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -89,6 +90,20 @@ def failed_task_names(log: Path) -> list[str]:
     return names
 
 
+def slowest_tasks(timings: Path, names: list[str], count: int = 4) -> list[str]:
+    """Each scenario's slowest tasks of its own playbooks (the gpufleet_catalogue callback's timings.jsonl): where a
+    gate over its time spent it."""
+    if not timings.exists():
+        return []
+    rows = [json.loads(line) for line in timings.read_text(encoding="utf-8").splitlines() if line.strip()]
+    shown = []
+    for name in names:
+        own = sorted((row for row in rows if row["scenario"] == name and row["playbook"].startswith(f"molecule/{name}/")),
+                     key=lambda row: -row["seconds"])
+        shown += [f"  {name}: {row['seconds']:.0f}s {row['playbook'].rsplit('/', 1)[-1]} | {row['task'][:100]}" for row in own[:count]]
+    return shown
+
+
 def run_lane(lane: int, names: list[str], results: dict[str, tuple[bool, float]], print_lock: threading.Lock) -> None:
     env = lab_env(lane)
     try:
@@ -133,6 +148,7 @@ def main(argv: list[str]) -> int:
     if not 1 <= args.first_lane <= 8:
         parser.error("--first-lane must be 1-8")
     (REPO / "build").mkdir(exist_ok=True)
+    (REPO / "build" / "catalogue" / "timings.jsonl").unlink(missing_ok=True)  # this run's timings only
     # the node image is built once, before the lanes start their labs
     subprocess.run([sys.executable, str(LAB), "image"], check=True, stdout=subprocess.DEVNULL)
     plan = plan_lanes(args.scenario or known, args.lanes)
@@ -148,6 +164,7 @@ def main(argv: list[str]) -> int:
         thread.join()
     planned = [name for names in plan for name in names]
     failed = sorted(name for name in planned if not results.get(name, (False, 0.0))[0])
+    print("molecule: the slowest tasks\n" + "\n".join(slowest_tasks(REPO / "build" / "catalogue" / "timings.jsonl", planned)))
     print(f"molecule: {len(planned) - len(failed)} of {len(planned)} scenario(s) passed in {time.monotonic() - started:.0f}s"
           f" ({len(plan)} lane(s)){': FAILED ' + ', '.join(failed) if failed else ''}")
     for name in failed:
