@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files model_stage report_files job_wait node_teardown
 
-.PHONY: bench-park help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: chaos chaos-down bench-park help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -20,6 +20,7 @@ help:
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
+	@echo "make chaos [RUNS=20 SEED=1000 | SEEDS=a,b]  a seeded fault campaign on a 2-node lab of its own; each failing seed replays (not CI)"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, switch downtime: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make bench-fleet [NODES=100]  controller CPU and memory per node of the cleanup, the plan and the rolling switch at 1-NODES lab nodes"
 	@echo "make molecule  every Molecule scenario on 2-node simulated labs, two lanes side by side [SCENARIOS=...]"
@@ -62,6 +63,19 @@ bench-park:
 
 bench-fleet:
 	$(BIN)/python tests/bench/bench_fleet.py --nodes 1,10,50,$(if $(filter command line environment,$(origin NODES)),$(NODES),100)
+
+# A seeded fault campaign (tests/chaos/campaign.py, docs/testing.md) on a 2-node lab of its own, kept between campaigns
+# (make chaos-down removes it): RUNS runs from SEED, or the runs of SEEDS (a replay of the seeds a campaign printed).
+# About 1-3 minutes a run on 2 cores: RUNS=300 is a night's campaign. Its JSON: build/chaos-runs/, or OUT=docs/results/...
+CHAOS_LAB := GPUFLEET_LAB=chaos GPUFLEET_LAB_PORT=2621
+RUNS ?= 20
+SEED ?= 1000
+chaos:
+	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py up --nodes 2 --gpus 8 --reuse
+	$(CHAOS_LAB) $(BIN)/python tests/chaos/campaign.py $(if $(SEEDS),--seeds $(SEEDS),--seed $(SEED) --runs $(RUNS)) $(if $(OUT),--out $(OUT))
+
+chaos-down:
+	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py down
 
 # Flake hunt (not CI): tests/tools/stress.py, figures in docs/testing.md.
 ROUNDS ?= 10

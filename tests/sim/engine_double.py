@@ -70,8 +70,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_cli  # noqa: E402
 import nvml_sim  # noqa: E402
+import signal_witness  # noqa: E402
 
 FAULTS_FILE = Path("/etc/gpufleet-sim/faults.json")
+# where each process records the signals it receives, and from whom (tests/sim/signal_witness.py); none off the lab
+WITNESS_DIR = Path(os.environ.get("GPUFLEET_SIM_WITNESS") or "/run/gpufleet-sim/signals")
 NVML_ROOT = Path(os.environ.get(nvml_sim.ROOT_ENV, "/run/gpufleet-sim/nvml"))
 DEV = Path(os.environ.get("GPUFLEET_SIM_DEV", "/dev"))
 PR_SET_NAME = 15
@@ -520,6 +523,21 @@ def fail(message: str) -> None:
     os._exit(1)
 
 
+def witnessed(role: str, on_stop) -> bool:
+    """Signals taken by the witness (SIGTERM and SIGINT call ``on_stop``; SIGHUP exits as its default would)."""
+    if not WITNESS_DIR.is_dir():
+        return False
+
+    def on_signal(signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            on_stop(signum)
+        elif signum == signal.SIGHUP:
+            os._exit(128 + signum)
+
+    signal_witness.install(str(WITNESS_DIR), role, on_signal)
+    return True
+
+
 def worker_main(spec: dict) -> None:
     """One tensor-parallel rank: holds its GPU's device files and memory until the server goes away."""
     faults = spec["faults"]
@@ -527,6 +545,8 @@ def worker_main(spec: dict) -> None:
         os.setsid()
         if os.fork():
             os._exit(0)  # the server loses track of it; it is reparented to PID 1
+    # SIGTERM ends a worker (its default); SIGKILL, the server's death (PDEATHSIG) and the cgroup's kill as ever
+    witnessed(f"{spec['engine']} worker", lambda signum: os._exit(128 + signum))
     set_title(f"VLLM::Worker_TP{spec['rank']}" if spec["engine"] == "vllm" else f"sglang::scheduler_TP{spec['rank']}")
     held = [open(DEV / f"nvidia{spec['minor']}", "rb"), open(DEV / "nvidiactl", "rb"), open(DEV / "nvidia-uvm", "rb")]  # noqa: SIM115
     linger_ms = int(faults.get("release_delay_ms", 0))
@@ -576,8 +596,15 @@ def main(argv: list[str]) -> None:
     if refusal:
         fail(refusal)
     server = Server(settings, faults)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if faults.get("ignore_sigterm") else server.on_sigterm)
-    signal.signal(signal.SIGINT, server.on_sigterm)
+
+    def on_stop(signum: int) -> None:
+        if signum == signal.SIGINT or not faults.get("ignore_sigterm"):
+            server.stopping.set()
+
+    # before any thread starts: the witness's mask is inherited by the threads started after it
+    if not witnessed(f"{engine} server", on_stop):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if faults.get("ignore_sigterm") else server.on_sigterm)
+        signal.signal(signal.SIGINT, server.on_sigterm)
     server.start_workers()
     loaded, seconds = read_weights([settings.model] + ([settings.draft_model] if settings.draft_model else []))
     print(f"INFO: read {loaded / 2**30:.2f} GiB of weights in {seconds:.2f}s", flush=True)

@@ -17,6 +17,8 @@ CONFIG = Path("/etc/gpufleet-sim/node.json")
 DEV = Path("/dev")
 NVML_ROOT = Path("/run/gpufleet-sim/nvml")
 READY = Path("/run/gpufleet-sim/ready")
+# the engines' signal witnesses write here (tests/sim/signal_witness.py); each engine runs as a user of its own
+WITNESS_DIR = Path("/run/gpufleet-sim/signals")
 
 
 def main(argv: list[str]) -> None:
@@ -31,6 +33,8 @@ def main(argv: list[str]) -> None:
             node.write_bytes(b"\0" * 4096)  # regular stand-in: the per-GPU ones are recognised by name
             node.chmod(0o666)
     sim = nvml_sim.SimNvml(NVML_ROOT, gpus=nvml_sim.default_gpus(config["gpus"], minors))
+    WITNESS_DIR.mkdir(parents=True, exist_ok=True)
+    WITNESS_DIR.chmod(0o1777)
     if "--reset" in argv:
         sim.release_all()
     READY.write_text("ready\n")
