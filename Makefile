@@ -13,7 +13,7 @@ help:
 	@echo "make demo    3 simulated GPU nodes serving vLLM, switched to SGLang by playbooks/switch_engine.yml (again: no change)"
 	@echo "make demo-modules  the three modules against 8 simulated GPUs of this machine, no lab"
 	@echo "make demo-real  a lab node switched between a real vLLM (PyPI's CPU build, about 900 MB fetched once) and the SGLang double"
-	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs, < 20 min)"
+	@echo "make test    pytest beside lint + docs + sanity, then the gate's Molecule scenarios (what CI runs: 16 min to 70 min on 2 cores, machine by machine)"
 	@echo "make test-all  make test, then the scenarios too long for the gate (DRILL_SCENARIOS: real_vllm, vLLM's real CPU build)"
 	@echo "make lint    ruff and ansible-lint (production profile)"
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
@@ -125,8 +125,9 @@ lab-down:
 molecule:
 	$(BIN)/python tests/tools/run_molecule.py $(SCENARIOS)
 
-# CI's gate, about 35 minutes on 2 cores: pytest beside the static checks and the nodes' image build, then the Molecule
-# scenarios in two lanes (starting while the checks finish), a switch under load through HAProxy, pinned pip installs
+# CI's gate, 16 minutes on 2 cores (2026-12-05 morning) to 70 on a machine about 4x slower (its last run): pytest
+# beside the static checks and the nodes' image build, then the Molecule scenarios in two lanes (starting while the
+# checks finish), a switch under load through HAProxy, pinned pip installs
 # and switch_faults (an operator's faults: concurrent runs, reboot, Ctrl-C in each phase and a dropped SSH connection,
 # a node lost, the rollback's own failures) among them. make test-all adds what does not fit the gate's time
 # (DRILL_SCENARIOS): real_vllm, vLLM's real CPU build installed, served, drained, refused a broken model and switched

@@ -264,17 +264,29 @@ def wait_reachable(node: str, timeout: float = SETTLE_TIMEOUT) -> bool:
     return False
 
 
+def busy(state: dict) -> bool:
+    """A run holds the lease, a unit starts or stops (a restart after a crash included), or an engine still loads."""
+    loading = [engine for engine, unit in state["units"].items()
+               if unit["active"] == "active" and engine not in invariants.serving(state) + invariants.parked(state)]
+    return (any(lease.get("same_boot") and (lease.get("expires_in") or 0) > 0 for lease in state["leases"])
+            or any(unit["active"] in ("activating", "deactivating", "reloading") for unit in state["units"].values()) or bool(loading))
+
+
 def settle(since: float, timeout: float = SETTLE_TIMEOUT) -> dict[str, dict]:
-    """The nodes once no run holds a lease and nothing is starting or stopping (or at the deadline)."""
+    """The nodes once nothing is in motion on them (or at the deadline: what is still in motion then is judged)."""
     deadline = time.monotonic() + timeout
     while True:
         states = probe_all(since)
-        busy = [node for node, state in states.items()
-                if any(lease.get("same_boot") and (lease.get("expires_in") or 0) > 0 for lease in state["leases"])
-                or any(unit["active"] in ("activating", "deactivating", "reloading") for unit in state["units"].values())]
-        if not busy or time.monotonic() > deadline:
+        if not any(busy(state) for state in states.values()) or time.monotonic() > deadline:
             return states
         time.sleep(2)
+
+
+def summary(states: dict[str, dict]) -> dict:
+    """What the run record keeps of the nodes: who serves, who is parked, each unit's state."""
+    return {node: {"serving": invariants.serving(state), "parked": invariants.parked(state),
+                   "units": {engine: f"{unit['active']}/{unit['sub']}" for engine, unit in state["units"].items()}}
+            for node, state in states.items()}
 
 
 def target_for(states: dict[str, dict]) -> tuple[str, str | None]:
@@ -321,7 +333,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
         violations += invariants.foreign_untouched(node, after_fault[node])
         if operation == "check":
             violations += invariants.untouched(node, before[node], after_fault[node], fault.hit_engine)
-        elif operation != "cleanup" and not (fault.hit_engine and fault.run.fault in ("engine_stop",)):
+        elif operation != "cleanup":
             allowed = tuple(engine for engine in (target, previous) if engine)
             violations += [f"after the fault: {problem}" for problem in invariants.one_engine(node, after_fault[node], allowed)]
     fault.end_foreign_job()
@@ -350,6 +362,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
             violations += invariants.converged(node, operation, second_report)
     return {**run.to_dict(), "index": index, "target": target, "previous": previous, "reached": reached is not None, "landed_phase": landed_phase,
             "delivered": fault.injected_at is not None, "fault_detail": fault.detail, "injected": fault.injected, "exit_codes": codes, "recovery_s": recovery_s,
+            "after_fault": summary(after_fault), "after_rerun": summary(recovered),
             "seconds": round(time.time() - started, 1), "violations": violations}
 
 

@@ -27,10 +27,11 @@ from tree_state import added_by_run, status
 REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "tests" / "sim" / "lab.py"
 BIN = Path(sys.executable).parent
-# Longest first, measured on 2 cores; scenarios not listed are placed by the same rule with this default.
-EXPECTED_SECONDS = {"switch_faults": 580, "switch_engine": 465, "switch_traffic": 100, "switch_readme": 90, "teardown_units": 130,
-                    "engine_install": 160, "engine_units": 70, "teardown_faults": 50, "real_vllm": 600,
-                    "fleet_slices": 150, "switch_park": 150, "switch_metrics": 90, "switch_pivot": 120}
+# Longest first, as CI measured them on 2 cores (2026-12-05, a machine about 4x slower than the one of the figures in
+# docs/testing.md); scenarios not listed are placed by the same rule with this default.
+EXPECTED_SECONDS = {"switch_faults": 2000, "switch_engine": 2050, "switch_traffic": 280, "switch_readme": 230, "teardown_units": 340,
+                    "engine_install": 600, "engine_units": 125, "teardown_faults": 160, "real_vllm": 2400,
+                    "fleet_slices": 400, "switch_park": 600, "switch_metrics": 115, "switch_pivot": 455}
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
 # teardown_units' cases are each about one node's units; real_vllm runs vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
