@@ -131,8 +131,9 @@ class Playbook:
 def command(operation: str, target: str) -> list[str]:
     if operation == "cleanup":
         return [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "gpu_cleanup.yml")]
+    # both engines started so that a switch can park them (always: a plain switch must not change their units back)
     argv = [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "switch_engine.yml"), "-e", f"target={target}",
-            "-e", "switch_engine_serial=2"]
+            "-e", "switch_engine_serial=2", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true"]
     if operation == "switch_park":
         argv += ["-e", "switch_engine_park_previous=auto"]
     if operation == "check":
@@ -300,6 +301,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     before = settle(started - 1)
     target, previous = target_for(before)
     operation = run.operation
+    waking = target in invariants.parked(before[FAULTED])  # a switch back to the parked engine wakes it
     argv = command(operation, target)
     logs = WORKDIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -360,7 +362,8 @@ def one_run(run: schedule.Run, index: int) -> dict:
         second_report = report_of(operation)
         for node in NODES:
             violations += invariants.converged(node, operation, second_report)
-    return {**run.to_dict(), "index": index, "target": target, "previous": previous, "reached": reached is not None, "landed_phase": landed_phase,
+    return {**run.to_dict(), "index": index, "target": target, "previous": previous, "wakes": waking, "reached": reached is not None,
+            "landed_phase": landed_phase,
             "delivered": fault.injected_at is not None, "fault_detail": fault.detail, "injected": fault.injected, "exit_codes": codes, "recovery_s": recovery_s,
             "after_fault": summary(after_fault), "after_rerun": summary(recovered),
             "seconds": round(time.time() - started, 1), "violations": violations}
@@ -407,7 +410,8 @@ def campaign(seeds: list[int], out: Path) -> int:
         verdict = "ok" if not result["violations"] else f"{len(result['violations'])} VIOLATION(S)"
         landed = (result["fault_detail"] or "delivered") if result["delivered"] else "not delivered: the run ended before its moment"
         at = run.phase if result["landed_phase"] in (None, run.phase) else f"{run.phase}->{result['landed_phase']}"
-        print(f"run {index + 1}/{len(seeds)} seed {seed}: {run.operation} + {run.fault} at {at or 'delay'}+{run.delay}s"
+        operation = f"{run.operation} (a wake)" if result["wakes"] and run.operation != "cleanup" else run.operation
+        print(f"run {index + 1}/{len(seeds)} seed {seed}: {operation} + {run.fault} at {at or 'delay'}+{run.delay}s"
               f" ({landed}): {verdict}, recovered in {result['recovery_s']} s, {result['seconds']} s in all", flush=True)
         for violation in result["violations"]:
             print(f"    {violation}", flush=True)
