@@ -10,6 +10,7 @@ switch's lease and the node's work lock. The module only builds itself, calls th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,6 +85,8 @@ class Node(cutover.NodeOps):
                 json.dump(record, handle, indent=1)
             os.replace(partial, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(path + ".new")  # a partial record is no record
             raise Error(f"{path}: {exc.strerror or exc}") from None
 
     def stage(self, params: dict) -> dict:
@@ -396,7 +399,17 @@ def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
     with host_lock(store.work_path, 5):
         result = cutover.cutover(request, node, Clock(), time.time())
     finish(result, params, store, request)
+    for warning in unwritten_records(result):
+        node.host.warn(warning)
     return result
+
+
+def unwritten_records(result: dict) -> list[str]:
+    """The node records this cutover could not write (a full disk): the engine serves either way, the operator hears
+    of it - the next run reads no record of this one, and an engine without its answers' record gets a sanity check."""
+    problems = [("the node's record of this cutover", result.get("record_error")),
+                ("the answers' record", (result.get("answer_check") or {}).get("record_error"))]
+    return [f"{what} was not written: {problem}" for what, problem in problems if problem]
 
 
 def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:

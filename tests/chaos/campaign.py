@@ -49,6 +49,7 @@ RUN_TIMEOUT = 900  # seconds a playbook may run before it counts as hung
 SETTLE_TIMEOUT = 120
 FOREIGN_FILE = "/run/gpufleet-chaos/foreign.json"  # read by node_state.py
 FOREIGN_WITNESS = "/run/gpufleet-chaos/alice.witness"
+FULL_DISKS = ("/var/lib/gpufleet-serving", "/var/log/gpufleet-serving")  # the node's records and its signal journal
 
 
 def container(node: str) -> str:
@@ -210,6 +211,16 @@ class Fault:
             record = json.dumps([{"pid": int(pid), "start_time": int(start_time), "witness": FOREIGN_WITNESS}])
             node_exec(FAULTED, f"echo {shlex.quote(record)} > {FOREIGN_FILE}")
             self.detail = f"alice's job pid {pid}"
+        elif kind == "disk_full":
+            # the collection's state and its signal journal on a filesystem of their own, filled to the last byte
+            script = "".join(f"mkdir -p /run/chaos-disk{index}; cp -a {path}/. /run/chaos-disk{index}/ 2>/dev/null; "
+                             f"stat -c %a {path} > /run/chaos-disk{index}.mode; "
+                             f"mount -t tmpfs -o size=4m,mode=$(cat /run/chaos-disk{index}.mode) chaos-disk {path} && "
+                             f"cp -a /run/chaos-disk{index}/. {path}/ && chmod $(cat /run/chaos-disk{index}.mode) {path} && "
+                             f"(dd if=/dev/zero of={path}/.chaos-fill bs=64k 2>/dev/null; true); "
+                             for index, path in enumerate(FULL_DISKS))
+            node_exec(FAULTED, f"mkdir -p {' '.join(FULL_DISKS)}; {script} df -k {' '.join(FULL_DISKS)} | tail -n +2")
+            self.detail = f"{', '.join(FULL_DISKS)} full"
         elif kind == "readiness_hang":
             node_exec(FAULTED, f"echo '{{\"{self.target}\": {{\"health_never_green\": true}}}}' > /etc/gpufleet-sim/faults.json")
             self.detail = f"{self.target}'s health stays 503"
@@ -229,6 +240,13 @@ class Fault:
             node_exec(FAULTED, "systemctl start ssh.service")
         elif kind == "readiness_hang":
             node_exec(FAULTED, "echo '{}' > /etc/gpufleet-sim/faults.json")
+        elif kind == "disk_full":
+            # room again: what was written meanwhile is kept (a node restart has already dropped the mounts)
+            script = "".join(f"if mountpoint -q {path}; then rm -f {path}/.chaos-fill; mkdir -p /run/chaos-keep{index}; "
+                             f"cp -a {path}/. /run/chaos-keep{index}/; umount {path}; cp -a /run/chaos-keep{index}/. {path}/; "
+                             f"chmod $(cat /run/chaos-disk{index}.mode) {path}; rm -rf /run/chaos-keep{index} /run/chaos-disk{index}*; fi; "
+                             for index, path in enumerate(FULL_DISKS))
+            node_exec(FAULTED, script)
         wait_reachable(FAULTED)
 
     def end_foreign_job(self) -> None:
@@ -322,9 +340,12 @@ def one_run(run: schedule.Run, index: int) -> dict:
         reached = playbook.started
     if reached is not None:
         time.sleep(max(0.0, reached + run.delay - time.time()))
-        if playbook.process.poll() is None or run.fault in ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job"):
+        if playbook.process.poll() is None or run.fault in schedule.NODE_FAULTS:
             fault.inject()
-    codes = [playbook.wait(), *( [second.wait()] if second else [])]
+    codes = [playbook.wait(), *([second.wait()] if second else [])]
+    if fault.injected_at is None and run.fault in schedule.NODE_FAULTS:
+        fault.inject()  # the node's world does not wait for a phase: the operation ended first, the fault comes now
+        landed_phase = "end"
     fault.undo()
     recovery_started = time.time()
     violations: list[str] = []

@@ -23,8 +23,11 @@ FAULTS = (
     "node_restart",  # node1 restarted (its container, as a power cycle)
     "partition",  # node1's sshd stopped and its sessions cut for a while (a network partition), then started again
     "foreign_job",  # another user's GPU job appears on node1
+    "disk_full",  # the disk of node1's records (/var/lib/gpufleet-serving) and of its signal journal is full
     "readiness_hang",  # the target's readiness never comes (its health stays 503)
 )
+# faults in the node's world, not the run's: delivered even when the operation has ended by their moment (at its end)
+NODE_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang")
 # the phases a switch enters, in order, as the controller prints them: the task that starts each one. A path that skips
 # a phase (a wake has no preflight, stage or prewarm) gets the fault at the next phase it enters.
 SWITCH_PHASES = {

@@ -356,6 +356,12 @@ def test_the_cutover_leaves_the_node_a_record_of_how_it_ended_for_the_next_run(t
     blocked.write_text("")
     engine_cutover.finish(result := {"result": "switched"}, dict(params, record_path=str(blocked / "x.json")), store, request)
     assert result["record"] is None and result["record_error"].startswith(str(blocked / "x.json"))
+    # the fault campaign's full disk: said to the operator, not only kept in the result
+    result["answer_check"] = {"record_error": "/var/lib/gpufleet-serving/answers/vllm-1.json: No space left on device"}
+    assert engine_cutover.unwritten_records(result) == [
+        f"the node's record of this cutover was not written: {result['record_error']}",
+        "the answers' record was not written: /var/lib/gpufleet-serving/answers/vllm-1.json: No space left on device"]
+    assert engine_cutover.unwritten_records({"result": "switched", "record": {}}) == []
     assert observe.last_cutover(str(tmp_path / "none.json")) is None
 
 
