@@ -49,6 +49,8 @@ RUN_TIMEOUT = 900  # seconds a playbook may run before it counts as hung
 SETTLE_TIMEOUT = 120
 FOREIGN_FILE = "/run/gpufleet-chaos/foreign.json"  # read by node_state.py
 FOREIGN_WITNESS = "/run/gpufleet-chaos/alice.witness"
+ESCAPED_FILE = "/run/gpufleet-chaos/escaped.json"
+ESCAPED_WITNESS = "/run/gpufleet-chaos/escaped.witness"
 FULL_DISKS = ("/var/lib/gpufleet-serving", "/var/log/gpufleet-serving")  # the node's records and its signal journal
 
 
@@ -201,6 +203,10 @@ class Fault:
             self.hit_engine = True
         elif kind == "partition":
             node_exec(FAULTED, "systemctl stop ssh.socket ssh.service 2>/dev/null; pkill -KILL -f 'sshd: ' ; true")
+        elif kind == "escaped_worker":
+            user = self.previous or "vllm"
+            record = self._start_holder(user, "escaped-worker", "/dev/nvidia6", "6:512", ESCAPED_WITNESS, ESCAPED_FILE)
+            self.detail = f"{user}'s escaped worker pid {record['pid']}"
         elif kind == "foreign_job":
             script = ("id alice >/dev/null 2>&1 || useradd -M alice; mkdir -p /run/gpufleet-chaos; chmod 1777 /run/gpufleet-chaos; "
                       f"rm -f {FOREIGN_WITNESS}; setsid -f runuser -u alice -- python3 /opt/gpufleet-tests/helpers/gpu_holder.py alices-job "
@@ -225,6 +231,20 @@ class Fault:
             node_exec(FAULTED, f"echo '{{\"{self.target}\": {{\"health_never_green\": true}}}}' > /etc/gpufleet-sim/faults.json")
             self.detail = f"{self.target}'s health stays 503"
 
+    def _start_holder(self, user: str, name: str, device: str, alloc: str, witness: str, record_file: str) -> dict:
+        """A process of ``user`` outside any engine unit (a session of its own), holding ``device`` and simulated GPU
+        memory, recording each signal it gets; its pid and start time written where node_state.py reads them."""
+        script = (f"mkdir -p /run/gpufleet-chaos; chmod 1777 /run/gpufleet-chaos; rm -f {witness}; "
+                  f"setsid -f runuser -u {user} -- python3 /opt/gpufleet-tests/helpers/gpu_holder.py {name} --open {device} /dev/nvidiactl "
+                  f"--sim-root /run/gpufleet-sim/nvml --alloc {alloc} --witness {witness} >/dev/null 2>&1; "
+                  f"for i in $(seq 50); do p=$(pgrep -n -u {user} -f '[{name[0]}]{name[1:]}'); "
+                  f"[ -n \"$p\" ] && ls -l /proc/$p/fd | grep -q {device.rsplit('/', 1)[1]} && break; sleep 0.1; done; "
+                  "echo $p $(cut -d' ' -f22 /proc/$p/stat)")
+        pid, start_time = node_exec(FAULTED, script).stdout.split()
+        record = {"pid": int(pid), "start_time": int(start_time), "witness": witness}
+        node_exec(FAULTED, f"echo {shlex.quote(json.dumps([record]))} > {record_file}")
+        return record
+
     def undo(self) -> None:
         """The operator's recovery of the fault's own damage (the rerun comes after)."""
         kind = self.run.fault
@@ -248,6 +268,15 @@ class Fault:
                              for index, path in enumerate(FULL_DISKS))
             node_exec(FAULTED, script)
         wait_reachable(FAULTED)
+
+    def end_escaped_worker(self) -> None:
+        """One a run left (a --check, a refused switch) is ended by the campaign after the checks, journalled here."""
+        if self.run.fault != "escaped_worker" or self.injected_at is None:
+            return
+        for job in json.loads(node_exec(FAULTED, f"cat {ESCAPED_FILE} 2>/dev/null || echo []").stdout or "[]"):
+            if node_exec(FAULTED, f"cut -d' ' -f22 /proc/{job['pid']}/stat 2>/dev/null").stdout.strip() == str(job["start_time"]):
+                self._signal(job["pid"], "SIGKILL")
+        node_exec(FAULTED, f"rm -f {ESCAPED_FILE}")
 
     def end_foreign_job(self) -> None:
         """The other user's job ends by itself (its owner's business): the campaign SIGKILLs it, journalled here."""
@@ -374,10 +403,12 @@ def one_run(run: schedule.Run, index: int) -> dict:
         violations += invariants.leftovers(node, state)
         violations += invariants.gpu_memory(node, state)
         violations += invariants.signals_journalled(node, state, fault.injected if node == FAULTED else [])
+        violations += invariants.escaped_worker(node, state, torn_down=operation != "check")
         if operation != "check":
             violations += invariants.report_matches(node, state, rerun_report) if operation != "cleanup" else []
     if rerun_code not in (0,) and operation != "check":
         violations.append(f"the rerun exited {rerun_code} (logs/{run.seed}-rerun.log)")
+    fault.end_escaped_worker()
     if operation != "check":
         Playbook(argv, logs / f"{run.seed}-converged.log").wait()
         second_report = report_of(operation)
@@ -436,7 +467,7 @@ def campaign(seeds: list[int], out: Path) -> int:
               f" ({landed}): {verdict}, recovered in {result['recovery_s']} s, {result['seconds']} s in all", flush=True)
         for violation in result["violations"]:
             print(f"    {violation}", flush=True)
-        record = {"seeds": seeds, "lab": {"nodes": len(NODES), "faulted": FAULTED}, "started": campaign_started,
+        record = {"schedule_version": schedule.SCHEDULE_VERSION, "seeds": seeds, "lab": {"nodes": len(NODES), "faulted": FAULTED}, "started": campaign_started,
                   "seconds": round(time.time() - campaign_started, 1), "runs": results,
                   "failed_seeds": [item["seed"] for item in results if item["violations"]]}
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,23 @@ def foreign_untouched(node: str, state: dict) -> list[str]:
     return problems
 
 
+def escaped_worker(node: str, state: dict, torn_down: bool) -> list[str]:
+    """An engine's worker escaped from its unit (its user, another cgroup): a teardown kills it, every signal it saw
+    journalled for its pid and start time; a run that tears nothing down leaves it as it was."""
+    problems = []
+    for job in state.get("escaped", []):
+        journalled = {line["signal"] for line in state.get("journal", [])
+                      if line.get("phase") == "intent" and line["pid"] == job["pid"] and line.get("start_time") == job["start_time"]}
+        unjournalled = sorted(set(job["signals"]) - journalled)
+        if unjournalled:
+            problems.append(f"{node}: the escaped worker pid {job['pid']} received {', '.join(unjournalled)} with no line in the journal")
+        if torn_down and job["alive"]:
+            problems.append(f"{node}: the escaped worker pid {job['pid']} still runs after the teardown")
+        if not torn_down and (not job["alive"] or job["signals"]):
+            problems.append(f"{node}: the escaped worker pid {job['pid']} was touched by a run that tears nothing down")
+    return problems
+
+
 def signals_journalled(node: str, state: dict, injected: list[dict]) -> list[str]:
     """Every signal a process saw came from systemd (a unit's stop), from its own engine (a server stopping its
     workers), from the campaign's fault - or from the collection, journalled before it was sent."""

@@ -33,6 +33,7 @@ LOCK_DIR = Path("/run/lock")
 HOLD_DIR = Path("/run/gpufleet-serving/parked")
 PARKED_RECORD = Path("/var/lib/gpufleet-serving/parked.json")
 FOREIGN = Path("/run/gpufleet-chaos/foreign.json")  # the campaign's foreign jobs: [{"pid", "start_time", "witness"}]
+ESCAPED = Path("/run/gpufleet-chaos/escaped.json")  # the campaign's escaped engine workers, the same shape
 
 
 def unit(name: str) -> dict:
@@ -138,9 +139,10 @@ def leases() -> list[dict]:
     return held
 
 
-def foreign_jobs() -> list[dict]:
+def campaign_jobs(path: Path) -> list[dict]:
+    """The processes the campaign started on the node, alive or not, and the signals each one's witness wrote down."""
     try:
-        jobs = json.loads(FOREIGN.read_text(encoding="utf-8"))
+        jobs = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     for job in jobs:
@@ -176,7 +178,8 @@ def main(argv: list[str]) -> None:
         "leases": leases(),
         "holds": sorted(path.name for path in HOLD_DIR.glob("*")) if HOLD_DIR.is_dir() else [],
         "parked_record": json.loads(PARKED_RECORD.read_text()) if PARKED_RECORD.exists() else None,
-        "foreign": foreign_jobs(),
+        "foreign": campaign_jobs(FOREIGN),
+        "escaped": campaign_jobs(ESCAPED),
         "witness": [line for line in signal_witness.read(WITNESS_DIR) if line["at"] >= since],
         "journal": journal(since),
     }

@@ -10,6 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
+# bumped whenever a change below draws other runs from the same seeds: a campaign's JSON names the version it replays on
+SCHEDULE_VERSION = 3
+
 # what an operator runs, and how often: "overlap" is two switches to one target at once, "check" a switch in --check
 # mode; the switches (with and without a park, and so the wakes of the parked engine) are most of a fleet's days
 OPERATIONS = {"switch": 35, "switch_park": 25, "cleanup": 15, "check": 15, "overlap": 10}
@@ -24,10 +27,11 @@ FAULTS = (
     "partition",  # node1's sshd stopped and its sessions cut for a while (a network partition), then started again
     "foreign_job",  # another user's GPU job appears on node1
     "disk_full",  # the disk of node1's records (/var/lib/gpufleet-serving) and of its signal journal is full
+    "escaped_worker",  # a worker of the serving engine's user outside its unit, holding a GPU (the teardown's to kill)
     "readiness_hang",  # the target's readiness never comes (its health stays 503)
 )
 # faults in the node's world, not the run's: delivered even when the operation has ended by their moment (at its end)
-NODE_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang")
+NODE_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang", "escaped_worker")
 # the phases a switch enters, in order, as the controller prints them: the task that starts each one. A path that skips
 # a phase (a wake has no preflight, stage or prewarm) gets the fault at the next phase it enters.
 SWITCH_PHASES = {

@@ -154,3 +154,14 @@ def test_the_witness_names_each_signal_and_its_sender(tmp_path):
     assert [line["signal"] for line in seen] == ["SIGCONT", "SIGTERM"]
     assert {line["sender"] for line in seen} == {os.getpid()} and {line["sender_uid"] for line in seen} == {os.getuid()}
     assert {line["pid"] for line in seen} == {child.pid} and seen[0]["start_time"] == seen[1]["start_time"] is not None
+
+
+def test_an_escaped_worker_is_killed_by_a_teardown_with_every_signal_journalled_and_left_alone_otherwise():
+    job = {"pid": 77, "start_time": 5, "alive": False, "signals": ["SIGTERM"]}
+    intent = {"phase": "intent", "pid": 77, "start_time": 5, "signal": "SIGTERM", "time": 1.0}
+    assert invariants.escaped_worker("node1", node(escaped=[job], journal=[intent]), torn_down=True) == []
+    assert "received SIGTERM with no line" in invariants.escaped_worker("node1", node(escaped=[job]), torn_down=True)[0]
+    assert "still runs after the teardown" in invariants.escaped_worker("node1", node(escaped=[dict(job, alive=True, signals=[])]), torn_down=True)[0]
+    assert "touched by a run that tears nothing down" in invariants.escaped_worker(
+        "node1", node(escaped=[job], journal=[intent]), torn_down=False)[0]
+    assert invariants.escaped_worker("node1", node(escaped=[dict(job, alive=True, signals=[])]), torn_down=False) == []
