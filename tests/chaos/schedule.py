@@ -46,7 +46,7 @@ SWITCH_PHASES = {
     "report": "Gather every node's record into the run's report",
 }
 CLEANUP_PHASES = {
-    "facts": "The engines' units and users, from vLLM",
+    "facts": "Facts | vLLM's unit, command line",
     "teardown": "Tear down - lease, decide, stop units",
     "report": "Gather every node's record into the run's report",
 }

@@ -153,7 +153,8 @@ def test_the_witness_names_each_signal_and_its_sender(tmp_path):
     seen = signal_witness.read(str(tmp_path))
     assert [line["signal"] for line in seen] == ["SIGCONT", "SIGTERM"]
     assert {line["sender"] for line in seen} == {os.getpid()} and {line["sender_uid"] for line in seen} == {os.getuid()}
-    assert {line["pid"] for line in seen} == {child.pid} and seen[0]["start_time"] == seen[1]["start_time"] is not None
+    assert {line["pid"] for line in seen} == {child.pid}
+    assert seen[0]["start_time"] is not None and seen[0]["start_time"] == seen[1]["start_time"]
 
 
 def test_an_escaped_worker_is_killed_by_a_teardown_with_every_signal_journalled_and_left_alone_otherwise():
