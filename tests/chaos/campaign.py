@@ -421,6 +421,33 @@ def one_run(run: schedule.Run, index: int) -> dict:
             "seconds": round(time.time() - started, 1), "violations": violations}
 
 
+def landed(run: dict) -> bool:
+    """The fault did something: it came before the operation's end (or is of the node's world), and a fault aimed at
+    a process found one (no module running at that moment, no engine at all: a miss)."""
+    return run["delivered"] and not (run["fault"] in ("module_kill", "engine_kill", "engine_stop") and not run["injected"])
+
+
+def markdown(runs: list[dict]) -> list[str]:
+    """The campaign's table for docs/testing.md: each fault kind's runs per phase it landed in (d: delivered of them),
+    the violations, the mean recovery."""
+    phases = [*schedule.SWITCH_PHASES, "facts", "teardown", "end", "delay"]
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for run in runs:
+        cells[(run["fault"], run["landed_phase"] or run["phase"] or "delay")].append(run)
+    used = [phase for phase in phases if any(key[1] == phase for key in cells)]
+    lines = ["| fault | " + " | ".join(used) + " | runs (delivered) | violations | recovery s, mean |", "|---" * (len(used) + 4) + "|"]
+    for fault in schedule.FAULTS:
+        mine = [run for run in runs if run["fault"] == fault]
+        if not mine:
+            continue
+        counts = [str(len(cells[(fault, phase)]) or "") for phase in used]
+        delivered = sum(landed(run) for run in mine)
+        violations = sum(len(run["violations"]) for run in mine)
+        lines.append(f"| {fault} | " + " | ".join(counts) + f" | {len(mine)} ({delivered}) | {violations} | "
+                     f"{sum(run['recovery_s'] for run in mine) / len(mine):.1f} |")
+    return lines
+
+
 def table(runs: list[dict]) -> list[str]:
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for run in runs:
@@ -438,7 +465,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seeds", help="comma-separated seeds to run instead (a replay, or the gate's short schedule)")
     parser.add_argument("--out", type=Path, help="the campaign's JSON (default: build/chaos-runs/campaign-SEED-RUNS.json)")
+    parser.add_argument("--summarize", nargs="+", type=Path, metavar="JSON", help="print the table of these campaigns' runs (markdown), run nothing")
     args = parser.parse_args(argv)
+    if args.summarize:
+        runs = [run for path in args.summarize for run in json.loads(path.read_text())["runs"]]
+        print("\n".join(markdown(runs)))
+        operations = defaultdict(int)
+        for run in runs:
+            operations[run["operation"] + (" (a wake)" if run.get("wakes") and run["operation"] != "cleanup" else "")] += 1
+        print(f"\n{len(runs)} runs, {sum(landed(run) for run in runs)} faults delivered, "
+              f"{sum(len(run['violations']) for run in runs)} violations; operations: "
+              + ", ".join(f"{name} {count}" for name, count in sorted(operations.items())))
+        return 0
     if not INVENTORY.exists():
         parser.error(f"no lab at {INVENTORY}: start it with `make chaos` (or GPUFLEET_LAB={LAB} python tests/sim/lab.py up --nodes 2)")
     seeds = [int(word) for word in args.seeds.split(",")] if args.seeds else [args.seed + index for index in range(args.runs)]
