@@ -187,8 +187,10 @@ class Fault:
             self.playbook.signal(signal.SIGINT)
         elif kind == "module_kill":
             # a module runs as `python3` under Ansible's `sh -c '/usr/bin/python3 && sleep 0'` (pipelining)
-            listed = node_exec(FAULTED, "for p in $(pgrep -x python3); do pp=$(ps -o ppid= -p $p | tr -d ' '); "
-                                        "grep -q 'sleep 0' /proc/$pp/cmdline 2>/dev/null && echo $p; done").stdout.split()
+            # most of a run is the controller's: the first module that runs from the moment on (10 s at most)
+            listed = node_exec(FAULTED, "for i in $(seq 100); do for p in $(pgrep -x python3); do pp=$(ps -o ppid= -p $p | tr -d ' '); "
+                                        "grep -q 'sleep 0' /proc/$pp/cmdline 2>/dev/null && echo $p; done | grep . && break; "
+                                        "sleep 0.1; done").stdout.split()
             for pid in listed:
                 self._signal(int(pid), "SIGKILL")
             self.detail = f"module pids {listed or 'none running'}"
