@@ -6,7 +6,9 @@ DIR/<org>/<name>/ holds a repository's files (revision "main"). What the client 
 (GET /api/models/<org>/<name>[/revision/<rev>]: commit sha and every file with its size), and each file
 (its tree: GET /api/models/<org>/<name>/tree/<rev>; HEAD and GET /<org>/<name>/resolve/<rev>/<file>, with ETag,
 the commit and Range for resumed downloads). --rate-mib slows every response down to that many MiB/s, so that a
-download can be interrupted halfway. Prints "listening PORT". Serves loopback only.
+download can be interrupted halfway. While the --hold file exists, each file body stops once it has sent the MiB the
+file says (none: at once) - a test holds a download halfway whatever its machine's pace. Prints "listening PORT".
+Serves loopback only.
 """
 
 from __future__ import annotations
@@ -105,6 +107,18 @@ class Handler(BaseHTTPRequestHandler):
                     log.write(f"{resolve['repo']} {resolve['file']}\n")
             self.stream(target, start)
 
+    def held_after(self) -> int | None:
+        """Bytes a body may send before it stops, while the hold file exists (its content: MiB; empty: none)."""
+        if self.hold is None:
+            return None
+        try:
+            words = self.hold.read_text(encoding="ascii").split()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError):
+            return 0
+        return int(float(words[0]) * 2**20) if words and words[0].replace(".", "", 1).isdigit() else 0
+
     def stream(self, target: Path, start: int) -> None:
         with target.open("rb") as source:
             source.seek(start)
@@ -115,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
                 except (BrokenPipeError, ConnectionResetError):
                     return
                 sent += len(chunk)
-                while self.hold is not None and self.hold.exists():
+                while (held := self.held_after()) is not None and sent >= held:
                     time.sleep(0.1)
                     began += 0.1  # the pause is not owed to the rate
                 if self.rate:
@@ -150,7 +164,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rate-mib", type=float, default=0)
     parser.add_argument("--log", help="append '<repo> <file>' for each file body sent")
-    parser.add_argument("--hold", help="while this file exists, file bodies stop where they are")
+    parser.add_argument("--hold", help="while this file exists, file bodies stop after the MiB it says (none: where they are)")
     args = parser.parse_args(argv)
     handler = type("RepositoryHandler", (Handler,), {"root": Path(args.root), "rate": args.rate_mib * (1 << 20),
                                                      "log": Path(args.log) if args.log else None,
