@@ -168,3 +168,36 @@ def test_a_download_writes_its_progress_beside_its_destination_while_it_runs(tmp
     assert json.loads(out)["changed"] and dest.is_dir() and not progress.exists()
     assert seen and all(reading["bytes_total"] == total for reading in seen)
     assert any(0 < reading["bytes_done"] < total and (reading["rate_mib_s"] or 0) > 0 for reading in seen), seen
+
+
+def test_the_lab_hub_holds_each_file_after_the_mib_its_hold_file_says_then_sends_the_rest(tmp_path, hub):
+    """The Molecule case of an interrupted download relies on it: halfway on any machine, not when its pace allows."""
+    import threading
+    import urllib.request
+
+    repository, _start = hub
+    hold = tmp_path / "hold"
+    hold.write_text("1\n")
+    server = subprocess.Popen([sys.executable, str(ENDPOINT), "--root", str(tmp_path / "hub"), "--hold", str(hold)], stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().split()[1]
+        received = bytearray()
+
+        def fetch():
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/acme/tiny/resolve/main/model-00001-of-00002.safetensors", timeout=30) as body:
+                while chunk := body.read(64 * 1024):
+                    received.extend(chunk)
+
+        reader = threading.Thread(target=fetch)
+        reader.start()
+        deadline = time.monotonic() + 10
+        while len(received) < MIB and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # held: nothing more comes while the file exists
+        assert MIB <= len(received) < 3 * MIB
+        hold.unlink()
+        reader.join(30)
+        assert bytes(received) == (repository / "model-00001-of-00002.safetensors").read_bytes()
+    finally:
+        server.kill()
+        server.wait()
