@@ -388,8 +388,10 @@ def one_run(run: schedule.Run, index: int) -> dict:
         if operation == "check":
             violations += invariants.untouched(node, before[node], after_fault[node], fault.hit_engine)
         elif operation != "cleanup":
-            allowed = tuple(engine for engine in (target, previous) if engine)
-            violations += [f"after the fault: {problem}" for problem in invariants.one_engine(node, after_fault[node], allowed)]
+            before_here = invariants.serving(before[node])  # each node's own: a stopped rollout leaves them apart
+            allowed = tuple(dict.fromkeys([target, *before_here]))
+            violations += [f"after the fault: {problem}"
+                           for problem in invariants.one_engine(node, after_fault[node], allowed, none_before=not before_here)]
     fault.end_foreign_job()
     # the operator's recovery: the same command again
     rerun_code = Playbook(argv, logs / f"{run.seed}-rerun.log").wait()

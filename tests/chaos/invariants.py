@@ -21,9 +21,12 @@ def parked(state: dict) -> list[str]:
                   if answer.get("completion") not in (200, 401) and (answer.get("sleeping") or engine in held))
 
 
-def one_engine(node: str, state: dict, allowed: tuple[str, ...]) -> list[str]:
-    """Exactly one engine serves, and it is one of ``allowed``; a second one may only be parked."""
+def one_engine(node: str, state: dict, allowed: tuple[str, ...], none_before: bool = False) -> list[str]:
+    """Exactly one engine serves, and it is one of ``allowed``; a second one may only be parked. A node that served
+    nothing before the run may still serve nothing after its fault (the rerun must bring the target up)."""
     found = serving(state)
+    if not found and none_before:
+        return []
     if len(found) != 1:
         return [f"{node}: {len(found)} engines serve ({', '.join(found) or 'none'}); exactly one of {', '.join(allowed)} should"]
     if found[0] not in allowed:

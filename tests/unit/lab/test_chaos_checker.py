@@ -54,6 +54,9 @@ def test_one_engine_serving_is_the_promise_after_a_switch():
     assert "2 engines serve" in invariants.one_engine("node1", node(("vllm", "sglang")), ("sglang",))[0]
     assert "0 engines serve (none)" in invariants.one_engine("node1", node(()), ("sglang", "vllm"))[0]
     assert "vllm serves; sglang should" in invariants.one_engine("node1", node(("vllm",)), ("sglang",))[0]
+    # a node that served nothing before (a cleanup ran) may serve nothing after the fault; never two
+    assert invariants.one_engine("node1", node(()), ("vllm",), none_before=True) == []
+    assert invariants.one_engine("node1", node(("vllm", "sglang")), ("vllm",), none_before=True)
 
 
 def test_a_check_changes_nothing_unless_the_fault_itself_hit_the_engine():
