@@ -136,7 +136,9 @@ def command(operation: str, target: str) -> list[str]:
         return [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "gpu_cleanup.yml")]
     # both engines started so that a switch can park them (always: a plain switch must not change their units back)
     argv = [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "switch_engine.yml"), "-e", f"target={target}",
-            "-e", "switch_engine_serial=2", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true"]
+            "-e", "switch_engine_serial=2", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true",
+            # a target whose readiness hangs is given up after 60 s, not the lab's 300 (a campaign's runs add up)
+            "-e", "vllm_ready_timeout=60", "-e", "sglang_ready_timeout=60"]
     if operation == "switch_park":
         argv += ["-e", "switch_engine_park_previous=auto"]
     if operation == "check":
