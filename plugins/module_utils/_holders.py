@@ -333,6 +333,7 @@ class KillPlan:
     restarting: list[dict] = field(default_factory=list)  # in another service systemd would restart: refused
     foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
     kept: list[dict] = field(default_factory=list)  # a parked engine's: never signalled
+    escaped_parents: list[dict] = field(default_factory=list)  # of the engines' escaped workers: signalled with them, first
     # processes whose open files could not all be read (a read blocked past its time box) and in which nothing was found:
     # they may hold a GPU, so the run fails closed naming them (never "no holder")
     possible: list[dict] = field(default_factory=list)

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
 from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe, owner_uid
 from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
@@ -113,23 +112,6 @@ class KillRequest:
         return "nvml" in self.sources or bool(self.gpus)
 
 
-def owner_uid(owner) -> int | None:
-    """The uid of an engine's user, by name or number; None for a name no account has (it owns no process)."""
-    text = str(owner)
-    if not text or not text.isprintable() or any(char in text for char in ":/ "):
-        raise InvalidInput(f"owners: {owner!r} is not a user name or uid")
-    if text.isdigit():
-        uid = int(text)
-    else:
-        try:
-            uid = pwd.getpwnam(text).pw_uid
-        except KeyError:
-            return None
-    if uid == 0:
-        raise InvalidInput("owners: root owns the system's own processes; give the engines' own users (for example vllm, sglang)")
-    return uid
-
-
 def _protected_pid(pid: int, reader: ProcReader) -> int:
     if pid <= 1:
         raise InvalidInput(f"protected_pids: {pid} is not a valid process id (PID 1 and below are always protected)")
@@ -198,6 +180,9 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
                               key=lambda holder: holder["pid"])
         plan.ambiguous = []
     place_holders(plan, request, restart_policy or (lambda _unit: ("", 0)))
+    plan.escaped_parents = escaped_parents(plan, reader, guard)
+    # first: a parent signalled after its worker could start it again in between
+    plan.targets = plan.escaped_parents + plan.targets
     plan.warnings = warnings + _unit_warnings(plan)
     if plan.ambiguous:
         plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
@@ -218,6 +203,31 @@ def placement(holder: dict, units: tuple[str, ...]) -> str:
     if CONTAINER_SCOPE.match(unit):
         return "container"
     return "elsewhere"
+
+
+def escaped_parents(plan: KillPlan, reader: ProcReader, guard: Guard) -> list[dict]:
+    """The parents that would start an engine's escaped worker again once it is killed (a launcher or agent of the
+    engine's user that outlived its unit): each target that is an engine's worker outside any unit or service
+    (placement elsewhere) has its ancestors added while they are of the same user and in the same place, hold nothing
+    themselves, and are not protected. A login session's or another service's processes are never added: systemd and
+    the session's owner stop those."""
+    holders = {holder["pid"] for holder in plan.holders}
+    found: dict[int, dict] = {}
+    for worker in plan.targets:
+        if worker["foreign"] or worker["placement"] != "elsewhere" or worker.get("uid") is None:
+            continue
+        for ancestor in reader.ancestors(worker["pid"]):
+            if ancestor.pid in holders or ancestor.pid in found:
+                continue  # a holder is judged as one; a parent shared by several workers is added once
+            try:
+                info = describe(reader, ancestor.pid)
+            except (ProcessGone, PermissionError):
+                break
+            if info["uid"] != worker["uid"] or info["unit"] != worker.get("unit") or guard.reason(info, ancestor.is_kernel_thread):
+                break
+            found[ancestor.pid] = dict(info, via=[], devices=[], gpus=[], gpu_uuids=[], placement="elsewhere", foreign=False,
+                                       parent_of=worker["pid"])
+    return [found[pid] for pid in sorted(found)]
 
 
 def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable[[str], tuple[str, int]]) -> None:
@@ -310,7 +320,7 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
             "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids,
-            "unreadable": plan.unreadable, "kept": plan.kept, "possible_holders": plan.possible}
+            "unreadable": plan.unreadable, "kept": plan.kept, "possible_holders": plan.possible, "escaped_parents": plan.escaped_parents}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader, pid_directories
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 
 # a unit in these states runs (or is about to): its engine is one the switch drains and stops
@@ -188,3 +190,28 @@ def last_cutover(path: str | None) -> dict | None:
     """The node's record of its last cutover (engine_cutover's record_path), or None: none yet, or unreadable."""
     record = files.read_json_object(path)
     return record if record and record.get("result") else None
+
+
+def escaped_holders(owner_uids: dict[int, str], units: list[str], device_globs: tuple[str, ...] = DEFAULT_DEVICE_GLOBS,
+                    reader: ProcReader | None = None) -> list[dict]:
+    """The engines' escaped workers: processes of the engines' own users (``owner_uids``: uid -> name) that hold a GPU
+    device outside every engine unit. A target serving as asked leaves them running unless the switch sweeps them;
+    only their owners' processes are read (root is never an owner: the system's own processes are not the engines')."""
+    nodes = device_nodes(list(device_globs))
+    if not owner_uids or not nodes:
+        return []
+    reader = reader or ProcReader()
+    owned = {}
+    for pid in pid_directories(reader.root):
+        try:
+            uid = int(reader.status(pid).get("Uid", "-1").split()[0])
+        except (ProcessGone, OSError, ValueError, IndexError):
+            continue  # gone, or not ours to read: a process of an owner is readable by root
+        if uid in owner_uids:
+            owned[pid] = owner_uids[uid]
+    found = []
+    for pid, holding in sorted(HolderScanner(nodes, reader).scan(sorted(owned)).holdings.items()):
+        unit = reader.unit(pid)
+        if unit not in units:
+            found.append({"pid": pid, "user": owned[pid], "unit": unit, "devices": sorted(holding.devices), "via": sorted(holding.via)})
+    return found

@@ -19,6 +19,7 @@ import signal
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _bounded as bounded
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h
 KTHREADD_PID = 2
@@ -288,6 +289,23 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def owner_uid(owner) -> int | None:
+    """The uid of an engine's user, by name or number; None for a name no account has (it owns no process)."""
+    text = str(owner)
+    if not text or not text.isprintable() or any(char in text for char in ":/ "):
+        raise InvalidInput(f"owners: {owner!r} is not a user name or uid")
+    if text.isdigit():
+        uid = int(text)
+    else:
+        try:
+            uid = pwd.getpwnam(text).pw_uid
+        except KeyError:
+            return None
+    if uid == 0:
+        raise InvalidInput("owners: root owns the system's own processes; give the engines' own users (for example vllm, sglang)")
+    return uid
 
 
 def namespace_pid(status: dict) -> int | None:

@@ -92,6 +92,7 @@ class Found:
     park_history: dict = field(default_factory=dict)  # what each engine's last park on the node left (engine_observe)
     target_argv: list = field(default_factory=list)  # the command the target's unit runs now
     answer_records: list = field(default_factory=list)  # the golden records on the node (engine_observe: identities only)
+    escaped: list = field(default_factory=list)  # the engines' users' GPU holders outside every engine unit (engine_observe)
 
     @classmethod
     def from_vars(cls, values: dict) -> Found:
@@ -190,6 +191,7 @@ def plan(settings: Settings, node: Found) -> dict:
         "replace": replacement(settings, node),
         "answer_check": answer_plan(settings, node, would_change),
         "unchanged": unchanged,
+        "sweep": sweep_plan(settings, node) if unchanged else None,
         "would_change": would_change,
         "staged": staged,
         "in_place": in_place,
@@ -207,6 +209,18 @@ def plan(settings: Settings, node: Found) -> dict:
         "staged_mark_files": ([{"name": "staged", "path": staged_mark(settings.backup_dir), "content": f"{settings.run_id}\n", "mode": "0600"}]
                               if in_place else []),
     }
+
+
+def sweep_plan(settings: Settings, node: Found) -> dict | None:
+    """The target serves as asked, yet the engines' own processes hold GPUs outside their units (a worker that escaped
+    an engine's teardown, an interrupted run's leftover): torn down as a switch's teardown would, the target's unit
+    and a parked engine kept. None when there are none. Another user's job is left alone (reported): nothing is to
+    start in its place."""
+    if not node.escaped:
+        return None
+    target_unit = (node.engines.get(settings.target) or {}).get("unit")
+    others = [facts["unit"] for name, facts in node.engines.items() if name != settings.target and facts.get("unit")]
+    return {"pids": sorted(holder["pid"] for holder in node.escaped), "units": others, "kept_units": [target_unit] if target_unit else []}
 
 
 def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:

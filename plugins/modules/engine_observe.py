@@ -19,6 +19,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _observe a
 from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout
+from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import owner_uid
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
@@ -38,6 +40,8 @@ ARGUMENT_SPEC = dict(
     sizes=dict(type="list", elements="path", default=[]),
     park_history_path=dict(type="str", default="/var/lib/gpufleet-serving/park_history.json"),
     answer_record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
+    owners=dict(type="list", elements="str", default=[]),
+    device_paths=dict(type="list", elements="str", default=list(DEFAULT_DEVICE_GLOBS)),
 )
 
 
@@ -112,7 +116,7 @@ def main() -> None:
         taken = take_lease(module.params["lease"], module.check_mode) if module.params["lease"] else None
         if taken is not None and not taken["taken"]:
             module.exit_json(changed=False, lease=taken, engines={}, paths={}, files={}, users={}, devices={}, last_cutover=None,
-                             parked=None, host={}, sizes={}, park_history={}, answer_records=[])
+                             parked=None, host={}, sizes={}, park_history={}, answer_records=[], escaped=[])
         result = observe.observe(engines, module.params["paths"], Node(module), module.params["users"], module.params["devices"])
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])
@@ -123,6 +127,9 @@ def main() -> None:
         result["park_history"] = observe.park_history(module.params["park_history_path"])
         # the engines' golden records here: what an answer check would compare with (--check says which it would run)
         result["answer_records"] = observe.answer_records(module.params["answer_record_dir"])
+        # the engines' own workers holding GPUs outside every engine unit: left beside a target that already serves
+        owners = {uid: str(name) for name in module.params["owners"] if (uid := owner_uid(name)) is not None}
+        result["escaped"] = observe.escaped_holders(owners, [probe.unit for probe in engines], tuple(module.params["device_paths"]))
     except OSError as exc:
         module.fail_json(msg=f"{exc.filename or 'a file'}: {exc.strerror}", **lease_held(taken))
     except Error as exc:

@@ -437,6 +437,8 @@ def switch_host_report(record: dict) -> dict:
         "memory_after": list((next((t for t in reversed(teardowns) if t), None) or {}).get("memory_after") or []),
         **_standby(record, result),
         "metrics_warnings": list(record.get("metrics_warnings") or []),
+        # the engines' workers found holding GPUs outside their units (a target already serving: swept, see `killed`)
+        "escaped": list(record.get("escaped") or []),
     }
 
 
@@ -596,7 +598,7 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None,
             "replace_model": None, "answer_check": None, "answer_check_s": None, "rollback_answer_check": None, "plan": None,
             "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
-            "metrics_warnings": []}
+            "metrics_warnings": [], "escaped": []}
 
 
 # --- the run documents --------------------------------------------------------------------------------------------------

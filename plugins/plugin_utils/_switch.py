@@ -119,6 +119,7 @@ def switch_steps(settings: dict, found: dict) -> dict:
     observed = found.pop("observed", None) or {}
     engines = found.get("engines") or {}
     found["user_ready"] = switch_plan.user_ready(engines.get(settings.get("target")) or {}, observed)
+    found.setdefault("escaped", list(observed.get("escaped") or []))
     return _planned(lambda: switch_plan.plan(switch_plan.Settings.from_vars(settings), switch_plan.Found.from_vars(found)))
 
 

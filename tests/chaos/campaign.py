@@ -4,9 +4,10 @@ recovery an operator would make, then the checker (tests/chaos/invariants.py) on
     python tests/chaos/campaign.py --seed 1000 --runs 20 [--out docs/results/chaos_....json]
     python tests/chaos/campaign.py --seeds 1003,1017        (the runs of these seeds only: a replay)
 
-The lab is GPUFLEET_LAB=chaos (2 nodes; `make chaos` starts it). Each run, from its seed (schedule.py): an operation
-(a switch to the engine not serving, with or without park_previous=auto, a cleanup, a --check, two switches at once)
-and a fault on node1 at the start of one of its phases plus a random delay, or at a plain delay. Then:
+The lab is GPUFLEET_LAB=chaos (3 nodes; `make chaos` starts it). Each run, from its seed (schedule.py): an operation
+(a switch to the engine not serving, with or without park_previous=auto, a cleanup, a --check, two switches at once),
+a fault on each node and on some runs one on the controller, each at the start of one of the operation's phases plus
+a random delay, or at a plain delay. Then:
 1. the operation ends (or is ended by the fault), the fault is undone (SIGCONT, sshd started, the node back), the
    node settles; checked: one engine serves (or none after a cleanup, the same as before after a --check or a refused
    run), another user's job untouched;
@@ -42,8 +43,7 @@ import schedule  # noqa: E402
 LAB = os.environ.get("GPUFLEET_LAB") or "chaos"
 INVENTORY = REPO / "build" / LAB / "inventory.ini"
 WORKDIR = REPO / "build" / "chaos-runs"
-NODES = ("node1", "node2")
-FAULTED = "node1"
+NODES = schedule.NODES
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RUN_TIMEOUT = 900  # seconds a playbook may run before it counts as hung
 SETTLE_TIMEOUT = 120
@@ -51,6 +51,7 @@ FOREIGN_FILE = "/run/gpufleet-chaos/foreign.json"  # read by node_state.py
 FOREIGN_WITNESS = "/run/gpufleet-chaos/alice.witness"
 ESCAPED_FILE = "/run/gpufleet-chaos/escaped.json"
 ESCAPED_WITNESS = "/run/gpufleet-chaos/escaped.witness"
+RESPAWNED_PIDS = "/run/gpufleet-chaos/respawned.pids"
 FULL_DISKS = ("/var/lib/gpufleet-serving", "/var/log/gpufleet-serving")  # the node's records and its signal journal
 
 
@@ -160,29 +161,40 @@ def main_pid(node: str, engine: str) -> int:
 
 
 class Fault:
-    """One fault on node1 (or on the controller): inject() at the moment, undo() as the operator's recovery."""
+    """One fault of a run - on a node, or on the controller: inject() at its moment, undo() as the operator's recovery."""
 
-    def __init__(self, run: schedule.Run, playbook: Playbook, target: str, previous: str | None):
-        self.run, self.playbook, self.target, self.previous = run, playbook, target, previous
+    def __init__(self, spec: schedule.Fault, playbook: Playbook, target: str, previous: dict[str, str | None]):
+        self.spec, self.playbook, self.target = spec, playbook, target
+        self.node = spec.where if spec.where != schedule.CONTROLLER else None
+        self.previous = previous.get(self.node) if self.node else None
         self.injected: list[dict] = []  # {pid, signal}: what the campaign itself sent (the witness sees them too)
         self.detail = ""
         self.injected_at: float | None = None
+        self.landed_phase: str | None = None
         self.hit_engine = False
+        self.error: str | None = None  # the campaign's own failure to inject it
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    def run(self, sh: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return node_exec(self.node, sh, timeout=timeout)
 
     def _signal(self, pid: int, name: str) -> None:
-        node_exec(FAULTED, f"kill -{name.removeprefix('SIG')} {pid}")
+        self.run(f"kill -{name.removeprefix('SIG')} {pid}")
         self.injected.append({"pid": pid, "signal": name})
 
     def _engine_pid(self) -> tuple[str, int]:
         """The engine the fault lands on: the target once its unit runs, else the one serving (or parked) before."""
         for engine in (self.target, self.previous):
-            if engine and (pid := main_pid(FAULTED, engine)):
+            if engine and (pid := main_pid(self.node, engine)):
                 return engine, pid
         return "", 0
 
     def inject(self) -> None:
         self.injected_at = time.time()
-        kind = self.run.fault
+        kind = self.kind
         if kind == "controller_kill":
             self.playbook.signal(signal.SIGKILL)
         elif kind == "controller_int":
@@ -190,9 +202,9 @@ class Fault:
         elif kind == "module_kill":
             # a module runs as `python3` under Ansible's `sh -c '/usr/bin/python3 && sleep 0'` (pipelining)
             # most of a run is the controller's: the first module that runs from the moment on (10 s at most)
-            listed = node_exec(FAULTED, "for i in $(seq 100); do for p in $(pgrep -x python3); do pp=$(ps -o ppid= -p $p | tr -d ' '); "
-                                        "grep -q 'sleep 0' /proc/$pp/cmdline 2>/dev/null && echo $p; done | grep . && break; "
-                                        "sleep 0.1; done").stdout.split()
+            listed = self.run("for i in $(seq 100); do for p in $(pgrep -x python3); do pp=$(ps -o ppid= -p $p | tr -d ' '); "
+                              "grep -q 'sleep 0' /proc/$pp/cmdline 2>/dev/null && echo $p; done | grep . && break; "
+                              "sleep 0.1; done").stdout.split()
             for pid in listed:
                 self._signal(int(pid), "SIGKILL")
             self.detail = f"module pids {listed or 'none running'}"
@@ -203,24 +215,24 @@ class Fault:
                 self.hit_engine = True
             self.detail = f"{engine or 'no engine'} main pid {pid or '-'}"
         elif kind == "node_restart":
-            subprocess.run(["podman", "restart", "-t", "0", container(FAULTED)], capture_output=True, check=False, timeout=120)
+            restart(self.node)
             self.hit_engine = True
         elif kind == "partition":
-            node_exec(FAULTED, "systemctl stop ssh.socket ssh.service 2>/dev/null; pkill -KILL -f 'sshd: ' ; true")
-        elif kind == "escaped_worker":
-            user = self.previous or "vllm"
-            record = self._start_holder(user, "escaped-worker", "/dev/nvidia6", "6:512", ESCAPED_WITNESS, ESCAPED_FILE)
-            self.detail = f"{user}'s escaped worker pid {record['pid']}"
+            self.run("systemctl stop ssh.socket ssh.service 2>/dev/null; pkill -KILL -f 'sshd: ' ; true")
+        elif kind in ("escaped_worker", "escaped_respawn"):
+            # an engine's user: the serving engine's, else the target's (a fresh node has neither until a switch made it)
+            candidates = [name for name in dict.fromkeys([self.previous, self.target, "vllm", "sglang"]) if name]
+            user = next((name for name in candidates if self.run(f"id -u {name}").returncode == 0), None)
+            if user is None:
+                self.injected_at, self.detail = None, "no engine user on the node yet"
+                return
+            # over the teardown's 512 MiB a GPU: a worker that came back fails the memory assertion, not slips under it
+            record = self._start_holder(user, "escaped-worker", "/dev/nvidia6", "6:1024", ESCAPED_WITNESS, ESCAPED_FILE,
+                                        respawn=kind == "escaped_respawn")
+            self.detail = f"{user}'s escaped worker pid {record['pid']}" + (" (respawning)" if kind == "escaped_respawn" else "")
         elif kind == "foreign_job":
-            script = ("id alice >/dev/null 2>&1 || useradd -M alice; mkdir -p /run/gpufleet-chaos; chmod 1777 /run/gpufleet-chaos; "
-                      f"rm -f {FOREIGN_WITNESS}; setsid -f runuser -u alice -- python3 /opt/gpufleet-tests/helpers/gpu_holder.py alices-job "
-                      f"--open /dev/nvidia7 /dev/nvidiactl --sim-root /run/gpufleet-sim/nvml --alloc 7:2048 --witness {FOREIGN_WITNESS} "
-                      ">/dev/null 2>&1; for i in $(seq 50); do p=$(pgrep -n -u alice -f '[a]lices-job'); "
-                      "[ -n \"$p\" ] && ls -l /proc/$p/fd | grep -q nvidia7 && break; sleep 0.1; done; echo $p $(cut -d' ' -f22 /proc/$p/stat)")
-            pid, start_time = node_exec(FAULTED, script).stdout.split()
-            record = json.dumps([{"pid": int(pid), "start_time": int(start_time), "witness": FOREIGN_WITNESS}])
-            node_exec(FAULTED, f"echo {shlex.quote(record)} > {FOREIGN_FILE}")
-            self.detail = f"alice's job pid {pid}"
+            record = self._start_holder("alice", "alices-job", "/dev/nvidia7", "7:2048", FOREIGN_WITNESS, FOREIGN_FILE)
+            self.detail = f"alice's job pid {record['pid']}"
         elif kind == "disk_full":
             # the collection's state and its signal journal on a filesystem of their own, filled to the last byte
             script = "".join(f"mkdir -p /run/chaos-disk{index}; cp -a {path}/. /run/chaos-disk{index}/ 2>/dev/null; "
@@ -229,67 +241,95 @@ class Fault:
                              f"cp -a /run/chaos-disk{index}/. {path}/ && chmod $(cat /run/chaos-disk{index}.mode) {path} && "
                              f"(dd if=/dev/zero of={path}/.chaos-fill bs=64k 2>/dev/null; true); "
                              for index, path in enumerate(FULL_DISKS))
-            node_exec(FAULTED, f"mkdir -p {' '.join(FULL_DISKS)}; {script} df -k {' '.join(FULL_DISKS)} | tail -n +2")
+            self.run(f"mkdir -p {' '.join(FULL_DISKS)}; {script} df -k {' '.join(FULL_DISKS)} | tail -n +2")
             self.detail = f"{', '.join(FULL_DISKS)} full"
         elif kind == "readiness_hang":
-            node_exec(FAULTED, f"echo '{{\"{self.target}\": {{\"health_never_green\": true}}}}' > /etc/gpufleet-sim/faults.json")
+            self.run(f"echo '{{\"{self.target}\": {{\"health_never_green\": true}}}}' > /etc/gpufleet-sim/faults.json")
             self.detail = f"{self.target}'s health stays 503"
 
-    def _start_holder(self, user: str, name: str, device: str, alloc: str, witness: str, record_file: str) -> dict:
+    def _start_holder(self, user: str, name: str, device: str, alloc: str, witness: str, record_file: str, respawn: bool = False) -> dict:
         """A process of ``user`` outside any engine unit (a session of its own), holding ``device`` and simulated GPU
-        memory, recording each signal it gets; its pid and start time written where node_state.py reads them."""
-        script = (f"mkdir -p /run/gpufleet-chaos; chmod 1777 /run/gpufleet-chaos; rm -f {witness}; "
-                  f"setsid -f runuser -u {user} -- python3 /opt/gpufleet-tests/helpers/gpu_holder.py {name} --open {device} /dev/nvidiactl "
-                  f"--sim-root /run/gpufleet-sim/nvml --alloc {alloc} --witness {witness} >/dev/null 2>&1; "
-                  f"for i in $(seq 50); do p=$(pgrep -n -u {user} -f '[{name[0]}]{name[1:]}'); "
-                  f"[ -n \"$p\" ] && ls -l /proc/$p/fd | grep -q {device.rsplit('/', 1)[1]} && break; sleep 0.1; done; "
+        memory, recording each signal it gets; its pid and start time written where node_state.py reads them. With
+        ``respawn``, under a parent of the same user that starts it again whenever it dies: the parent is the record."""
+        holder = (f"python3 /opt/gpufleet-tests/helpers/gpu_holder.py {name} --open {device} /dev/nvidiactl "
+                  f"--sim-root /run/gpufleet-sim/nvml --alloc {alloc}")
+        if respawn:
+            command = f"python3 /opt/gpufleet-tests/helpers/respawner.py --witness {witness} --pids {RESPAWNED_PIDS} -- {holder}"
+            wanted = "[r]espawner.py"
+        else:
+            command = f"{holder} --witness {witness}"
+            wanted = f"[{name[0]}]{name[1:]}"
+        script = ("id alice >/dev/null 2>&1 || useradd -M alice; mkdir -p /run/gpufleet-chaos; chmod 1777 /run/gpufleet-chaos; "
+                  f"rm -f {witness} {RESPAWNED_PIDS if respawn else ''}; "
+                  f"setsid -f runuser -u {user} -- {command} >/dev/null 2>&1; "
+                  f"for i in $(seq 50); do p=$(pgrep -n -u {user} -f '{wanted}'); h=$(pgrep -n -u {user} -f '[{name[0]}]{name[1:]}'); "
+                  f"[ -n \"$p\" ] && [ -n \"$h\" ] && ls -l /proc/$h/fd | grep -q {device.rsplit('/', 1)[1]} && break; sleep 0.1; done; "
                   "echo $p $(cut -d' ' -f22 /proc/$p/stat)")
-        pid, start_time = node_exec(FAULTED, script).stdout.split()
-        record = {"pid": int(pid), "start_time": int(start_time), "witness": witness}
-        node_exec(FAULTED, f"echo {shlex.quote(json.dumps([record]))} > {record_file}")
+        pid, start_time = self.run(script).stdout.split()
+        record = {"pid": int(pid), "start_time": int(start_time), "witness": witness, "respawns": respawn}
+        self.run(f"echo {shlex.quote(json.dumps([record]))} > {record_file}")
         return record
 
     def undo(self) -> None:
         """The operator's recovery of the fault's own damage (the rerun comes after)."""
-        kind = self.run.fault
-        if self.injected_at is None:
+        kind = self.kind
+        if self.injected_at is None or self.node is None:
             return
         if kind in ("partition", "engine_stop"):
-            time.sleep(max(0.0, self.injected_at + self.run.fault_seconds - time.time()))
+            time.sleep(max(0.0, self.injected_at + self.spec.fault_seconds - time.time()))
         if kind == "engine_stop":
             for sent in list(self.injected):
                 if sent["signal"] == "SIGSTOP":
                     self._signal(sent["pid"], "SIGCONT")
         elif kind == "partition":
-            node_exec(FAULTED, "systemctl start ssh.service")
+            self.run("systemctl start ssh.service")
         elif kind == "readiness_hang":
-            node_exec(FAULTED, "echo '{}' > /etc/gpufleet-sim/faults.json")
+            self.run("echo '{}' > /etc/gpufleet-sim/faults.json")
         elif kind == "disk_full":
             # room again: what was written meanwhile is kept (a node restart has already dropped the mounts)
             script = "".join(f"if mountpoint -q {path}; then rm -f {path}/.chaos-fill; mkdir -p /run/chaos-keep{index}; "
                              f"cp -a {path}/. /run/chaos-keep{index}/; umount {path}; cp -a /run/chaos-keep{index}/. {path}/; "
                              f"chmod $(cat /run/chaos-disk{index}.mode) {path}; rm -rf /run/chaos-keep{index} /run/chaos-disk{index}*; fi; "
                              for index, path in enumerate(FULL_DISKS))
-            node_exec(FAULTED, script)
-        wait_reachable(FAULTED)
+            self.run(script)
+        wait_reachable(self.node)
 
     def end_escaped_worker(self) -> None:
-        """One a run left (a --check, a refused switch) is ended by the campaign after the checks, journalled here."""
-        if self.run.fault != "escaped_worker" or self.injected_at is None:
+        """One a run left (a --check, a refused switch) is ended by the campaign after the checks, journalled here; a
+        respawning one with its parent first."""
+        if self.kind not in ("escaped_worker", "escaped_respawn") or self.injected_at is None:
             return
-        for job in json.loads(node_exec(FAULTED, f"cat {ESCAPED_FILE} 2>/dev/null || echo []").stdout or "[]"):
-            if node_exec(FAULTED, f"cut -d' ' -f22 /proc/{job['pid']}/stat 2>/dev/null").stdout.strip() == str(job["start_time"]):
+        for job in json.loads(self.run(f"cat {ESCAPED_FILE} 2>/dev/null || echo []").stdout or "[]"):
+            if self.run(f"cut -d' ' -f22 /proc/{job['pid']}/stat 2>/dev/null").stdout.strip() == str(job["start_time"]):
                 self._signal(job["pid"], "SIGKILL")
-        node_exec(FAULTED, f"rm -f {ESCAPED_FILE}")
+        if self.kind == "escaped_respawn":
+            for pid in self.run(f"cat {RESPAWNED_PIDS} 2>/dev/null").stdout.split():
+                self.run(f"kill -KILL {pid} 2>/dev/null")  # a child of the campaign's own parent: not an engine process
+        self.run(f"rm -f {ESCAPED_FILE}")
 
     def end_foreign_job(self) -> None:
         """The other user's job ends by itself (its owner's business): the campaign SIGKILLs it, journalled here."""
-        if self.run.fault != "foreign_job" or self.injected_at is None:
+        if self.kind != "foreign_job" or self.injected_at is None:
             return
-        pid = node_exec(FAULTED, "pgrep -n -u alice -f '[a]lices-job'").stdout.strip()
+        pid = self.run("pgrep -n -u alice -f '[a]lices-job'").stdout.strip()
         if pid:
             self._signal(int(pid), "SIGKILL")
-        node_exec(FAULTED, f"rm -f {FOREIGN_FILE}")
+        self.run(f"rm -f {FOREIGN_FILE}")
+
+    def record(self) -> dict:
+        return {**self.spec.to_dict(), "landed_phase": self.landed_phase, "delivered": self.injected_at is not None, "detail": self.detail,
+                "injected": self.injected, "error": self.error}
+
+
+def restart(node: str) -> None:
+    """The node's container restarted as a power cycle; a container runc cannot exec in afterwards is started again."""
+    subprocess.run(["podman", "restart", "-t", "0", container(node)], capture_output=True, check=False, timeout=120)
+    for _attempt in range(30):
+        if node_exec(node, "true", timeout=20).returncode == 0:
+            return
+        time.sleep(1)
+    subprocess.run(["podman", "stop", "-t", "0", container(node)], capture_output=True, check=False, timeout=120)
+    subprocess.run(["podman", "start", container(node)], capture_output=True, check=False, timeout=120)
 
 
 def ssh_port(node: str) -> int:
@@ -341,10 +381,36 @@ def summary(states: dict[str, dict]) -> dict:
             for node, state in states.items()}
 
 
-def target_for(states: dict[str, dict]) -> tuple[str, str | None]:
-    serving = invariants.serving(states[FAULTED])
-    previous = serving[0] if serving else None
-    return ("sglang" if previous == "vllm" else "vllm"), previous
+def target_for(states: dict[str, dict]) -> tuple[str, dict[str, str | None]]:
+    """The run's target: the engine the first node does not serve; and each node's engine before it."""
+    previous = {node: (invariants.serving(state) or [None])[0] for node, state in states.items()}
+    return ("sglang" if previous[NODES[0]] == "vllm" else "vllm"), previous
+
+
+def deliver(fault: Fault, operation: str) -> None:
+    """Wait for the fault's moment - the drawn phase, or the first one after it that this path enters, plus its delay;
+    or its plain delay - and inject it (a controller's fault only while the operation still runs)."""
+    names = list(schedule.phases_of(operation))
+    phases = list(schedule.phases_of(operation).items())[names.index(fault.spec.phase):] if fault.spec.phase else []
+    if phases:
+        found = fault.playbook.wait_task([marker for _phase, marker in phases], RUN_TIMEOUT)
+        if not found:
+            return
+        reached, fault.landed_phase = found[0], phases[found[1]][0]
+    else:
+        reached = fault.playbook.started
+    time.sleep(max(0.0, reached + fault.spec.delay - time.time()))
+    if fault.playbook.process.poll() is None or fault.kind in schedule.WORLD_FAULTS:
+        inject(fault)
+
+
+def inject(fault: Fault) -> None:
+    """The fault injected; a failure of the campaign's own injection is the run's record (and fails it), not a thread's
+    traceback."""
+    try:
+        fault.inject()
+    except Exception as exc:  # noqa: BLE001 - any error of the campaign's own is reported with the run
+        fault.error = f"{type(exc).__name__}: {exc}"
 
 
 def one_run(run: schedule.Run, index: int) -> dict:
@@ -352,7 +418,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     before = settle(started - 1)
     target, previous = target_for(before)
     operation = run.operation
-    waking = target in invariants.parked(before[FAULTED])  # a switch back to the parked engine wakes it
+    waking = {node: target in invariants.parked(before[node]) for node in NODES}  # a switch back to the parked engine wakes it
     argv = command(operation, target)
     logs = WORKDIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -361,40 +427,36 @@ def one_run(run: schedule.Run, index: int) -> dict:
     if operation == "overlap":
         time.sleep(2)
         second = Playbook(argv, logs / f"{run.seed}-overlap.log")
-    fault = Fault(run, playbook, target, previous)
-    # the drawn phase, or the first one after it that this path enters
-    phases = list(schedule.phases_of(operation).items())[list(schedule.phases_of(operation)).index(run.phase):] if run.phase else []
-    landed_phase = None
-    if phases:
-        found = playbook.wait_task([marker for _phase, marker in phases], RUN_TIMEOUT)
-        reached = found[0] if found else None
-        landed_phase = phases[found[1]][0] if found else None
-    else:
-        reached = playbook.started
-    if reached is not None:
-        time.sleep(max(0.0, reached + run.delay - time.time()))
-        if playbook.process.poll() is None or run.fault in schedule.NODE_FAULTS:
-            fault.inject()
+    faults = [Fault(spec, playbook, target, previous) for spec in run.faults]
+    deliveries = [threading.Thread(target=deliver, args=(fault, operation), daemon=True) for fault in faults]
+    for delivery in deliveries:
+        delivery.start()
     codes = [playbook.wait(), *([second.wait()] if second else [])]
-    if fault.injected_at is None and run.fault in schedule.NODE_FAULTS:
-        fault.inject()  # the node's world does not wait for a phase: the operation ended first, the fault comes now
-        landed_phase = "end"
-    fault.undo()
+    for delivery in deliveries:
+        delivery.join(SETTLE_TIMEOUT)
+    for fault in faults:
+        if fault.injected_at is None and fault.kind in schedule.WORLD_FAULTS:
+            inject(fault)  # the node's world does not wait for a phase: the operation ended first, the fault comes now
+            fault.landed_phase = "end"
+    for fault in faults:
+        fault.undo()
     recovery_started = time.time()
-    violations: list[str] = []
+    by_node = {fault.node: fault for fault in faults if fault.node}
+    violations: list[str] = [f"the campaign could not inject {fault.kind} on {fault.spec.where}: {fault.error}" for fault in faults if fault.error]
     if None in codes:
         violations.append(f"the operation ran past {RUN_TIMEOUT} s (hung)")
     after_fault = settle(started)
     for node in NODES:
         violations += invariants.foreign_untouched(node, after_fault[node])
         if operation == "check":
-            violations += invariants.untouched(node, before[node], after_fault[node], fault.hit_engine)
+            violations += invariants.untouched(node, before[node], after_fault[node], by_node[node].hit_engine)
         elif operation != "cleanup":
             before_here = invariants.serving(before[node])  # each node's own: a stopped rollout leaves them apart
             allowed = tuple(dict.fromkeys([target, *before_here]))
             violations += [f"after the fault: {problem}"
                            for problem in invariants.one_engine(node, after_fault[node], allowed, none_before=not before_here)]
-    fault.end_foreign_job()
+    for fault in faults:
+        fault.end_foreign_job()
     # the operator's recovery: the same command again
     rerun_code = Playbook(argv, logs / f"{run.seed}-rerun.log").wait()
     rerun_report = report_of(operation)
@@ -408,60 +470,77 @@ def one_run(run: schedule.Run, index: int) -> dict:
             violations += invariants.nothing_runs(node, state)
         violations += invariants.leftovers(node, state)
         violations += invariants.gpu_memory(node, state)
-        violations += invariants.signals_journalled(node, state, fault.injected if node == FAULTED else [])
+        violations += invariants.signals_journalled(node, state, by_node[node].injected)
         violations += invariants.escaped_worker(node, state, torn_down=operation != "check")
         if operation != "check":
             violations += invariants.report_matches(node, state, rerun_report) if operation != "cleanup" else []
     if rerun_code not in (0,) and operation != "check":
         violations.append(f"the rerun exited {rerun_code} (logs/{run.seed}-rerun.log)")
-    fault.end_escaped_worker()
+    for fault in faults:
+        fault.end_escaped_worker()
     if operation != "check":
         Playbook(argv, logs / f"{run.seed}-converged.log").wait()
         second_report = report_of(operation)
         for node in NODES:
             violations += invariants.converged(node, operation, second_report)
-    return {**run.to_dict(), "index": index, "target": target, "previous": previous, "wakes": waking, "reached": reached is not None,
-            "landed_phase": landed_phase,
-            "delivered": fault.injected_at is not None, "fault_detail": fault.detail, "injected": fault.injected, "exit_codes": codes, "recovery_s": recovery_s,
+    return {**run.to_dict(), "faults": [fault.record() for fault in faults], "index": index, "target": target, "previous": previous,
+            "wakes": [node for node, wakes in waking.items() if wakes], "exit_codes": codes, "recovery_s": recovery_s,
             "after_fault": summary(after_fault), "after_rerun": summary(recovered),
             "seconds": round(time.time() - started, 1), "violations": violations}
 
 
-def landed(run: dict) -> bool:
+def landed(fault: dict) -> bool:
     """The fault did something: it came before the operation's end (or is of the node's world), and a fault aimed at
     a process found one (no module running at that moment, no engine at all: a miss)."""
-    return run["delivered"] and not (run["fault"] in ("module_kill", "engine_kill", "engine_stop") and not run["injected"])
+    return fault["delivered"] and not (fault["kind"] in ("module_kill", "engine_kill", "engine_stop") and not fault["injected"])
+
+
+def faults_of(runs: list[dict]) -> list[tuple[dict, dict]]:
+    """Each fault of the runs with its run (a run of schedule version 3 had one, on node1)."""
+    pairs = []
+    for run in runs:
+        if "faults" in run:
+            pairs += [(fault, run) for fault in run["faults"]]
+        else:
+            pairs.append(({"where": "node1", "kind": run["fault"], "phase": run["phase"], "delay": run["delay"], "landed_phase": run["landed_phase"],
+                           "delivered": run["delivered"], "detail": run.get("fault_detail"), "injected": run["injected"]}, run))
+    return pairs
+
+
+def moment(fault: dict) -> str:
+    return fault["landed_phase"] or fault["phase"] or "delay"
 
 
 def markdown(runs: list[dict]) -> list[str]:
-    """The campaign's table for docs/testing.md: each fault kind's runs per phase it landed in (d: delivered of them),
-    the violations, the mean recovery."""
+    """The campaign's table for docs/testing.md: each fault kind's faults per phase it landed in, those delivered, the
+    runs it was in with a violation (the violations of a run are its faults' together), and the mean recovery."""
     phases = [*schedule.SWITCH_PHASES, "facts", "teardown", "end", "delay"]
-    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for run in runs:
-        cells[(run["fault"], run["landed_phase"] or run["phase"] or "delay")].append(run)
+    pairs = faults_of(runs)
+    cells: dict[tuple[str, str], int] = defaultdict(int)
+    for fault, _run in pairs:
+        cells[(fault["kind"], moment(fault))] += 1
     used = [phase for phase in phases if any(key[1] == phase for key in cells)]
-    lines = ["| fault | " + " | ".join(used) + " | runs (delivered) | violations | recovery s, mean |", "|---" * (len(used) + 4) + "|"]
-    for fault in schedule.FAULTS:
-        mine = [run for run in runs if run["fault"] == fault]
+    lines = ["| fault | " + " | ".join(used) + " | faults (delivered) | runs with a violation | recovery s, mean |", "|---" * (len(used) + 4) + "|"]
+    for kind in schedule.FAULTS:
+        mine = [(fault, run) for fault, run in pairs if fault["kind"] == kind]
         if not mine:
             continue
-        counts = [str(len(cells[(fault, phase)]) or "") for phase in used]
-        delivered = sum(landed(run) for run in mine)
-        violations = sum(len(run["violations"]) for run in mine)
-        lines.append(f"| {fault} | " + " | ".join(counts) + f" | {len(mine)} ({delivered}) | {violations} | "
-                     f"{sum(run['recovery_s'] for run in mine) / len(mine):.1f} |")
+        counts = [str(cells[(kind, phase)] or "") for phase in used]
+        delivered = sum(landed(fault) for fault, _run in mine)
+        failing = sum(bool(run["violations"]) for _fault, run in mine)
+        lines.append(f"| {kind} | " + " | ".join(counts) + f" | {len(mine)} ({delivered}) | {failing} | "
+                     f"{sum(run['recovery_s'] for _fault, run in mine) / len(mine):.1f} |")
     return lines
 
 
 def table(runs: list[dict]) -> list[str]:
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for run in runs:
-        cells[(run["fault"], run["landed_phase"] or run["phase"] or "delay")].append(run)
-    lines = [f"{'fault':16} {'phase':10} {'runs':>4} {'violations':>10} {'recovery s (mean)':>18}"]
-    for (fault, phase), group in sorted(cells.items()):
+    for fault, run in faults_of(runs):
+        cells[(fault["kind"], moment(fault))].append(run)
+    lines = [f"{'fault':16} {'phase':10} {'faults':>6} {'in runs with a violation':>24} {'recovery s (mean)':>18}"]
+    for (kind, phase), group in sorted(cells.items()):
         mean = sum(run["recovery_s"] for run in group) / len(group)
-        lines.append(f"{fault:16} {phase:10} {len(group):4} {sum(len(run['violations']) for run in group):10} {mean:18.1f}")
+        lines.append(f"{kind:16} {phase:10} {len(group):6} {sum(bool(run['violations']) for run in group):24} {mean:18.1f}")
     return lines
 
 
@@ -479,12 +558,13 @@ def main(argv: list[str]) -> int:
         operations = defaultdict(int)
         for run in runs:
             operations[run["operation"] + (" (a wake)" if run.get("wakes") and run["operation"] != "cleanup" else "")] += 1
-        print(f"\n{len(runs)} runs, {sum(landed(run) for run in runs)} faults delivered, "
+        pairs = faults_of(runs)
+        print(f"\n{len(runs)} runs, {len(pairs)} faults, {sum(landed(fault) for fault, _run in pairs)} delivered, "
               f"{sum(len(run['violations']) for run in runs)} violations; operations: "
               + ", ".join(f"{name} {count}" for name, count in sorted(operations.items())))
         return 0
     if not INVENTORY.exists():
-        parser.error(f"no lab at {INVENTORY}: start it with `make chaos` (or GPUFLEET_LAB={LAB} python tests/sim/lab.py up --nodes 2)")
+        parser.error(f"no lab at {INVENTORY}: start it with `make chaos` (or GPUFLEET_LAB={LAB} python tests/sim/lab.py up --nodes {len(NODES)})")
     seeds = [int(word) for word in args.seeds.split(",")] if args.seeds else [args.seed + index for index in range(args.runs)]
     WORKDIR.mkdir(parents=True, exist_ok=True)
     out = args.out or WORKDIR / f"campaign-{seeds[0]}-{len(seeds)}.json"
@@ -504,14 +584,16 @@ def campaign(seeds: list[int], out: Path) -> int:
         result = one_run(run, index)
         results.append(result)
         verdict = "ok" if not result["violations"] else f"{len(result['violations'])} VIOLATION(S)"
-        landed = (result["fault_detail"] or "delivered") if result["delivered"] else "not delivered: the run ended before its moment"
-        at = run.phase if result["landed_phase"] in (None, run.phase) else f"{run.phase}->{result['landed_phase']}"
-        operation = f"{run.operation} (a wake)" if result["wakes"] and run.operation != "cleanup" else run.operation
-        print(f"run {index + 1}/{len(seeds)} seed {seed}: {operation} + {run.fault} at {at or 'delay'}+{run.delay}s"
-              f" ({landed}): {verdict}, recovered in {result['recovery_s']} s, {result['seconds']} s in all", flush=True)
+        operation = f"{run.operation} (wakes on {', '.join(result['wakes'])})" if result["wakes"] and run.operation != "cleanup" else run.operation
+        print(f"run {index + 1}/{len(seeds)} seed {seed}: {operation}: {verdict}, recovered in {result['recovery_s']} s, "
+              f"{result['seconds']} s in all", flush=True)
+        for fault in result["faults"]:
+            at = fault["phase"] if fault["landed_phase"] in (None, fault["phase"]) else f"{fault['phase']}->{fault['landed_phase']}"
+            what = (fault["detail"] or "delivered") if fault["delivered"] else "not delivered: the run ended before its moment"
+            print(f"    {fault['where']}: {fault['kind']} at {at or 'delay'}+{fault['delay']}s ({what})", flush=True)
         for violation in result["violations"]:
-            print(f"    {violation}", flush=True)
-        record = {"schedule_version": schedule.SCHEDULE_VERSION, "seeds": seeds, "lab": {"nodes": len(NODES), "faulted": FAULTED}, "started": campaign_started,
+            print(f"    VIOLATION {violation}", flush=True)
+        record = {"schedule_version": schedule.SCHEDULE_VERSION, "seeds": seeds, "lab": {"nodes": len(NODES)}, "started": campaign_started,
                   "seconds": round(time.time() - campaign_started, 1), "runs": results,
                   "failed_seeds": [item["seed"] for item in results if item["violations"]]}
         out.parent.mkdir(parents=True, exist_ok=True)

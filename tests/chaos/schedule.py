@@ -1,8 +1,10 @@
-"""What each run of a fault campaign does, drawn from its seed alone: the operation, the fault, and the moment.
+"""What each run of a fault campaign does, drawn from its seed alone: the operation, and the faults with their moments.
 
-A run is replayed exactly by its seed (`make chaos SEED=S RUNS=1`): the draw uses nothing but random.Random(seed).
-The moment is a phase of the operation, entered as the controller prints it (a task that starts the phase), plus a
-random delay; or, for faults that do not wait for a phase, a plain random delay from the operation's start.
+A run is replayed exactly by its seed (`make chaos SEEDS=S`): the draw uses nothing but random.Random(seed). Each node
+of the lab gets a fault of its own world (its engine killed, its disk full, a partition...), and a share of the runs a
+fault of the controller too (SIGKILL, Ctrl-C): several faults per run, as a fleet meets them (Jepsen's nemesis mixes
+them the same way). A fault's moment is a phase of the operation, entered as the controller prints it (a task that
+starts the phase), plus a random delay; or a plain random delay from the operation's start.
 """
 
 from __future__ import annotations
@@ -11,27 +13,37 @@ import random
 from dataclasses import asdict, dataclass
 
 # bumped whenever a change below draws other runs from the same seeds: a campaign's JSON names the version it replays on
-SCHEDULE_VERSION = 3
+SCHEDULE_VERSION = 4
 
+# the lab's nodes: each gets a fault of its own in every run
+NODES = ("node1", "node2", "node3")
+CONTROLLER = "controller"
 # what an operator runs, and how often: "overlap" is two switches to one target at once, "check" a switch in --check
 # mode; the switches (with and without a park, and so the wakes of the parked engine) are most of a fleet's days
 OPERATIONS = {"switch": 35, "switch_park": 25, "cleanup": 15, "check": 15, "overlap": 10}
-# each fault an operator meets; where it lands is the moment's business
-FAULTS = (
-    "controller_kill",  # the controller SIGKILLed (its whole process group: a closed laptop, an OOM kill)
+# the controller's faults: the whole run's (its process group)
+CONTROLLER_FAULTS = (
+    "controller_kill",  # the controller SIGKILLed (a closed laptop, an OOM kill)
     "controller_int",  # Ctrl-C: SIGINT to the controller's process group
-    "module_kill",  # the module's Python process on node1 SIGKILLed
-    "engine_kill",  # an engine's main process on node1 SIGKILLed (the serving one, the target or the parked one)
-    "engine_stop",  # an engine's main process on node1 SIGSTOPped for longer than a stop or ready timeout
-    "node_restart",  # node1 restarted (its container, as a power cycle)
-    "partition",  # node1's sshd stopped and its sessions cut for a while (a network partition), then started again
-    "foreign_job",  # another user's GPU job appears on node1
-    "disk_full",  # the disk of node1's records (/var/lib/gpufleet-serving) and of its signal journal is full
-    "escaped_worker",  # a worker of the serving engine's user outside its unit, holding a GPU (the teardown's to kill)
+)
+CONTROLLER_SHARE = 0.3  # of the runs
+# each node's faults
+NODE_FAULTS = (
+    "module_kill",  # the module's Python process on the node SIGKILLed
+    "engine_kill",  # an engine's main process SIGKILLed (the serving one, the target or the parked one)
+    "engine_stop",  # an engine's main process SIGSTOPped for longer than a stop or ready timeout
+    "node_restart",  # the node restarted (its container, as a power cycle)
+    "partition",  # the node's sshd stopped and its sessions cut for a while (a network partition), then started again
+    "foreign_job",  # another user's GPU job appears
+    "disk_full",  # the disk of the node's records (/var/lib/gpufleet-serving) and of its signal journal is full
+    "escaped_worker",  # a worker of an engine's user outside its unit, holding a GPU (the teardown's to kill)
+    "escaped_respawn",  # the same, under a parent of that user that starts it again whenever it dies
     "readiness_hang",  # the target's readiness never comes (its health stays 503)
 )
-# faults in the node's world, not the run's: delivered even when the operation has ended by their moment (at its end)
-NODE_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang", "escaped_worker")
+FAULTS = CONTROLLER_FAULTS + NODE_FAULTS
+# faults delivered even when the operation has ended by their moment (at its end): the node's world does not wait
+WORLD_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang", "escaped_worker",
+                "escaped_respawn")
 # the phases a switch enters, in order, as the controller prints them: the task that starts each one. A path that skips
 # a phase (a wake has no preflight, stage or prewarm) gets the fault at the next phase it enters.
 SWITCH_PHASES = {
@@ -50,7 +62,7 @@ CLEANUP_PHASES = {
     "teardown": "Tear down - lease, decide, stop units",
     "report": "Gather every node's record into the run's report",
 }
-# a fault that needs no phase (it is in the node's world, not the run's) may also come at a plain delay
+# a fault that needs no phase may also come at a plain delay
 DELAY_SECONDS = (0.0, 40.0)
 # within a phase: the cutover runs on the node for several seconds, a wider spread reaches its inner phases
 WITHIN_PHASE_SECONDS = {"cutover": 8.0}
@@ -58,11 +70,10 @@ DEFAULT_WITHIN_SECONDS = 1.5
 
 
 @dataclass(frozen=True)
-class Run:
-    seed: int
-    operation: str
-    fault: str
-    phase: str | None  # the phase whose start the fault waits for; None: a plain delay from the operation's start
+class Fault:
+    where: str  # "controller", or the node it lands on
+    kind: str
+    phase: str | None  # the phase whose start it waits for; None: a plain delay from the operation's start
     delay: float  # seconds after the phase's start (or after the operation's start)
     fault_seconds: float  # how long a partition or a stop lasts before the recovery ends it
 
@@ -70,41 +81,57 @@ class Run:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Run:
+    seed: int
+    operation: str
+    faults: tuple[Fault, ...]
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "operation": self.operation, "faults": [fault.to_dict() for fault in self.faults]}
+
+
 def phases_of(operation: str) -> dict[str, str]:
     return CLEANUP_PHASES if operation == "cleanup" else SWITCH_PHASES
 
 
-def plan(seed: int) -> Run:
-    """The run a seed stands for."""
-    draw = random.Random(seed)
-    operation = draw.choices(list(OPERATIONS), weights=list(OPERATIONS.values()))[0]
-    fault = draw.choice(FAULTS)
+def _moment(draw: random.Random, operation: str, where: str, kind: str) -> Fault:
     phases = list(phases_of(operation))
     if operation == "check":
         phases = [phase for phase in phases if phase not in ("cutover", "finish")]  # --check has neither
     phase: str | None = draw.choice([*phases, None])
     spread = DELAY_SECONDS if phase is None else (0.0, WITHIN_PHASE_SECONDS.get(phase, DEFAULT_WITHIN_SECONDS))
     delay = round(draw.uniform(*spread), 1)
-    fault_seconds = round(draw.uniform(15.0, 30.0), 1)
-    return Run(seed, operation, fault, phase, delay, fault_seconds)
+    return Fault(where, kind, phase, delay, round(draw.uniform(15.0, 30.0), 1))
+
+
+def plan(seed: int, nodes: tuple[str, ...] = NODES) -> Run:
+    """The run a seed stands for: an operation, a fault on each node, and on some runs one on the controller."""
+    draw = random.Random(seed)
+    operation = draw.choices(list(OPERATIONS), weights=list(OPERATIONS.values()))[0]
+    faults = [_moment(draw, operation, node, draw.choice(NODE_FAULTS)) for node in nodes]
+    if draw.random() < CONTROLLER_SHARE:
+        faults.append(_moment(draw, operation, CONTROLLER, draw.choice(CONTROLLER_FAULTS)))
+    return Run(seed, operation, tuple(faults))
 
 
 def campaign(first_seed: int, runs: int) -> list[Run]:
     return [plan(first_seed + index) for index in range(runs)]
 
 
-def covering(first_seed: int, want: int = 0, limit: int = 10_000) -> list[int]:
-    """The fewest seeds from first_seed on (greedily) that reach every fault kind and every operation at least once,
-    then more up to ``want``: the gate's short schedule is such a list, fixed in the Makefile."""
+def covering(first_seed: int, window: int = 400) -> list[int]:
+    """Few seeds from first_seed on that together reach every fault kind and every operation: greedily, the seed of
+    the window that adds the most not yet reached, ties to the lowest. The gate's short schedule is this list, fixed
+    in the Makefile (a test keeps them equal)."""
+    wanted = set(FAULTS) | {f"op:{name}" for name in OPERATIONS}
+    reaches = {seed: {fault.kind for fault in run.faults} | {f"op:{run.operation}"}
+               for seed in range(first_seed, first_seed + window) for run in [plan(seed)]}
     chosen: list[int] = []
-    faults: set[str] = set()
-    operations: set[str] = set()
-    for seed in range(first_seed, first_seed + limit):
-        run = plan(seed)
-        if run.fault not in faults or run.operation not in operations or len(chosen) < want:
-            chosen.append(seed)
-            faults.add(run.fault)
-            operations.add(run.operation)
-        if faults == set(FAULTS) and operations == set(OPERATIONS) and len(chosen) >= want:
-            return chosen
-    raise ValueError(f"no {want} seeds from {first_seed} cover every fault and operation")
+    missing = set(wanted)
+    while missing:
+        best = max(reaches, key=lambda seed: (len(reaches[seed] & missing), -seed))
+        if not reaches[best] & missing:
+            raise ValueError(f"seeds {first_seed}-{first_seed + window - 1} never reach {', '.join(sorted(missing))}")
+        chosen.append(best)
+        missing -= reaches[best]
+    return sorted(chosen)

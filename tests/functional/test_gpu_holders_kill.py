@@ -639,6 +639,37 @@ def holders_by_owner(devices, processes, unit_groups) -> dict[str, int]:
     return placed
 
 
+def test_an_escaped_worker_that_is_started_again_is_killed_with_the_parent_that_starts_it(devices, processes, nvml_env, unit_groups,
+                                                                                          tmp_path):
+    """Found by the fault campaign: a worker of the engine's user outside its unit, under a parent of that user that
+    starts it again whenever it dies (a launcher that outlived the unit). Killing the worker alone leaves a new one on
+    the GPU; the parent is signalled with it, first. A parent of another user (here root: this test) is not."""
+    pids_file = tmp_path / "pids"
+    supervisor = subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "respawner.py"), "--user", "daemon", "--pids", str(pids_file),
+                                   "--", sys.executable, str(HELPER), "--open", devices.gpu(1), "--user", "daemon"], stdout=subprocess.PIPE, text=True)
+    processes.started.append(supervisor)
+    line = supervisor.stdout.readline().split()
+    assert line[:1] == ["ready"], line
+    parent, worker = int(line[1]), int(line[2])
+    unit_groups.put(parent, "run-r7a1.scope")  # its children are born there too
+    unit_groups.put(worker, "run-r7a1.scope")
+    args = kill_args(devices, units=["vllm.service"], owners=["daemon"])
+    plan = run_module(MODULE, args, check_mode=True, env=nvml_env)
+    assert plan.rc == 0, plan.get("msg")
+    assert [(entry["pid"], entry["parent_of"], entry["user"]) for entry in plan["escaped_parents"]] == [(parent, worker, "daemon")]
+    assert [target["pid"] for target in plan["targets"]] == [parent, worker]  # the parent first
+    assert alive(parent) and alive(worker) and plan["signals"] == []
+
+    result = run_module(MODULE, args, env=nvml_env)
+    assert result.rc == 0, result.get("msg")
+    assert pids_of(result["terminated"] + result["killed"]) == {parent, worker}
+    assert [sent["pid"] for sent in result["signals"]][:1] == [parent]
+    time.sleep(1.0)  # five times the parent's pause before a new child
+    children = [int(word) for word in pids_file.read_text().split()]
+    processes.extra_pids += children
+    assert not alive(parent) and [pid for pid in children if alive(pid)] == []
+
+
 @pytest.mark.covers('G26')
 def test_owners_make_an_escaped_worker_the_engines_and_another_users_job_foreign(devices, processes, nvml_env, unit_groups):
     """G26 (scope by ownership): with outside_units=fail the other user's job refuses the kill, naming its pid, user and

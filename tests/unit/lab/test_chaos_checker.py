@@ -35,18 +35,27 @@ def node(serving=("vllm",), parked_engine=None, **extra) -> dict:
 def test_a_seed_stands_for_one_run_and_a_replay_draws_it_again():
     assert schedule.plan(1234) == schedule.plan(1234)
     assert len({schedule.plan(seed) for seed in range(1000, 1040)}) == 40
-    for run in schedule.campaign(1000, 200):
-        assert run.operation in schedule.OPERATIONS and run.fault in schedule.FAULTS
-        assert run.phase is None or run.phase in schedule.phases_of(run.operation)
-        assert not (run.operation == "check" and run.phase in ("cutover", "finish")), "a --check has no cutover"
+    runs = schedule.campaign(1000, 200)
+    for run in runs:
+        assert run.operation in schedule.OPERATIONS
+        # a fault of its own on each node, in the node's world; at most one on the controller, the run's
+        assert [fault.where for fault in run.faults][:len(schedule.NODES)] == list(schedule.NODES)
+        assert all(fault.kind in schedule.NODE_FAULTS for fault in run.faults[:len(schedule.NODES)])
+        assert all(fault.kind in schedule.CONTROLLER_FAULTS for fault in run.faults[len(schedule.NODES):])
+        for fault in run.faults:
+            assert fault.phase is None or fault.phase in schedule.phases_of(run.operation)
+            assert not (run.operation == "check" and fault.phase in ("cutover", "finish")), "a --check has no cutover"
+    with_controller = sum(len(run.faults) > len(schedule.NODES) for run in runs)
+    assert 0.2 * len(runs) < with_controller < 0.4 * len(runs)
 
 
 def test_the_covering_seeds_reach_every_fault_and_every_operation():
     seeds = schedule.covering(1000)
     runs = [schedule.plan(seed) for seed in seeds]
-    assert {run.fault for run in runs} == set(schedule.FAULTS)
+    assert {fault.kind for run in runs for fault in run.faults} == set(schedule.FAULTS)
     assert {run.operation for run in runs} == set(schedule.OPERATIONS)
-    assert len(schedule.covering(1000, want=len(seeds) + 3)) >= len(seeds) + 3
+    # a handful: every operation needs a run of its own
+    assert len(schedule.OPERATIONS) <= len(seeds) <= len(schedule.OPERATIONS) + 2
 
 
 def test_one_engine_serving_is_the_promise_after_a_switch():

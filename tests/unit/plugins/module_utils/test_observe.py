@@ -4,11 +4,14 @@ The real reads (systemctl, package metadata, HTTP) are the module_utils tested e
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
 from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import parse_show_units
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
 
@@ -145,3 +148,36 @@ def test_the_version_reads_run_side_by_side():
 
     found = observe.observe([VLLM, SGLANG], [], SideBySide())
     assert found["engines"]["vllm"]["versions"] == {"/opt/vllm/0.33.0/bin/vllm": "0.33.0", "/opt/vllm/0.34.0/bin/vllm": None}
+
+
+class InUnit(ProcReader):
+    """The real /proc, with the units some processes run in."""
+
+    def __init__(self, units: dict[int, str]):
+        super().__init__()
+        self.units = units
+
+    def unit(self, pid: int) -> str | None:
+        return self.units.get(pid) or super().unit(pid)
+
+
+def test_the_engines_escaped_workers_are_their_users_gpu_holders_outside_every_engine_unit(devices, processes):
+    """Real processes and real /proc: a process of an engine's user holding a GPU file outside the engine units is
+    escaped; one holding nothing, or of a user not an owner, is not; a holder inside an engine unit is not."""
+    _holder, (holder_pid,) = processes.holder("--open", devices.gpu(2), devices.ctl)
+    idle = processes.decoy("vllm", "serve")
+    me = os.getuid()
+    found = observe.escaped_holders({me: "vllm"}, ["vllm.service", "sglang.service"], tuple(devices.globs))
+    assert [holder["pid"] for holder in found] == [holder_pid]
+    assert found[0]["user"] == "vllm" and found[0]["via"] == ["fd"]
+    assert found[0]["devices"] == sorted([devices.gpu(2), devices.ctl])
+    assert idle.pid not in [holder["pid"] for holder in found]
+    # not an owner's: another user's job is the preflight's and the teardown's business, not an escaped worker
+    assert observe.escaped_holders({me + 1: "sglang"}, ["vllm.service"], tuple(devices.globs)) == []
+    # inside one of the engine units: its own (this machine runs no systemd, so the holder's cgroup is read as that unit's)
+    in_unit = InUnit({holder_pid: "vllm.service"})
+    assert observe.escaped_holders({me: "vllm"}, ["vllm.service"], tuple(devices.globs), in_unit) == []
+    assert [h["unit"] for h in observe.escaped_holders({me: "vllm"}, ["sglang.service"], tuple(devices.globs), in_unit)] == ["vllm.service"]
+    # no owners or no device files: nothing is read
+    assert observe.escaped_holders({}, [], tuple(devices.globs)) == []
+    assert observe.escaped_holders({me: "vllm"}, [], (str(devices.root / "absent*"),)) == []

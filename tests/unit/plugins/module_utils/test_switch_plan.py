@@ -78,6 +78,20 @@ def test_unchanged_only_when_the_target_alone_serves_its_configuration():
     assert staged["staged"] and not staged["unchanged"]
 
 
+def test_a_target_serving_beside_the_engines_escaped_workers_is_unchanged_and_sweeps_them():
+    engines = {"vllm": dict(VLLM, unit="vllm.service"), "sglang": dict(SGLANG, unit="sglang.service")}
+    stray = {"pid": 4242, "user": "vllm", "unit": None, "devices": ["/dev/nvidia6"], "via": ["fd"]}
+    serving = {"engines": engines, "found": ["sglang"], "serving": ["sglang"], "previous": "sglang"}
+    steps = switch_plan.plan(settings(), found(**serving, escaped=[stray]))
+    # the target is not restarted for them: unchanged, and the teardown takes the other engine's processes only
+    assert steps["unchanged"]
+    assert steps["sweep"] == {"pids": [4242], "units": ["vllm.service"], "kept_units": ["sglang.service"]}
+    assert switch_plan.plan(settings(), found(**serving))["sweep"] is None
+    # a switch's own teardown kills them: no sweep of its own
+    switching = switch_plan.plan(settings(), found(engines=engines, escaped=[stray]))
+    assert not switching["unchanged"] and switching["sweep"] is None
+
+
 def test_an_engine_switched_in_place_is_backed_up_and_its_files_carry_the_staged_mark():
     steps = switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["ExecStart"]}))
     assert steps["in_place"] and steps["where"]["backup"] == "controller" and steps["prepare"]
