@@ -65,22 +65,23 @@ bench-park:
 bench-fleet:
 	$(BIN)/python tests/bench/bench_fleet.py --nodes 1,10,50,$(if $(filter command line environment,$(origin NODES)),$(NODES),100)
 
-# A seeded fault campaign (tests/chaos/campaign.py, docs/testing.md) on a 3-node lab of its own, kept between campaigns
-# (make chaos-down removes it): RUNS runs from SEED, or the runs of SEEDS (a replay of the seeds a campaign printed).
-# A fault on each node of every run, and on some the controller's: about 2-3 minutes and 3.3 faults a run on 2 cores,
-# RUNS=100 a night's campaign. Its JSON: build/chaos-runs/, or OUT=docs/results/...
+# A seeded fault campaign (tests/chaos/campaign.py, docs/testing.md) on a lab of its own (CHAOS_NODES nodes), kept
+# between campaigns (make chaos-down removes it): RUNS runs from SEED, or the runs of SEEDS (a replay of the seeds a
+# campaign printed, on a lab of the same size). A fault on each node of every run, and on a third of them the
+# controller's: about 1.5-3 minutes a run on 2 cores. Its JSON: build/chaos-runs/, or OUT=docs/results/...
 CHAOS_LAB := GPUFLEET_LAB=chaos GPUFLEET_LAB_PORT=2621
+CHAOS_NODES ?= 3
 RUNS ?= 20
 SEED ?= 1000
 chaos:
-	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py up --nodes 3 --gpus 8 --reuse
+	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py up --nodes $(CHAOS_NODES) --gpus 8 --reuse
 	$(CHAOS_LAB) $(BIN)/python tests/chaos/campaign.py $(if $(SEEDS),--seeds $(SEEDS),--seed $(SEED) --runs $(RUNS)) $(if $(OUT),--out $(OUT))
 
-# The short schedule: few seeds from 1000 that together reach every fault kind and every operation (schedule.covering;
-# a test keeps this list equal to it).
-CHAOS_SHORT := 1005,1010,1013,1118,1129
+# The short schedule (also the gate's Molecule scenario chaos_short): the few seeds from 1000 that together reach every
+# fault kind and every operation (schedule.covering).
 chaos-short:
-	$(MAKE) --no-print-directory chaos SEEDS=$(CHAOS_SHORT)
+	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py up --nodes 3 --gpus 8 --reuse
+	$(CHAOS_LAB) $(BIN)/python tests/chaos/campaign.py --short $(if $(OUT),--out $(OUT))
 
 chaos-down:
 	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py down
@@ -140,7 +141,7 @@ molecule:
 # a node lost, the rollback's own failures) among them. make test-all adds what does not fit the gate's time
 # (DRILL_SCENARIOS): real_vllm, vLLM's real CPU build installed, served, drained, refused a broken model and switched
 # (about 900 MB of wheels fetched once). Run it before a release.
-GATE_SCENARIOS := engine_install engine_units fleet_slices switch_engine switch_faults switch_metrics switch_park switch_pivot switch_readme switch_traffic teardown_faults teardown_units
+GATE_SCENARIOS := chaos_short engine_install engine_units fleet_slices switch_engine switch_faults switch_metrics switch_park switch_pivot switch_readme switch_traffic teardown_faults teardown_units
 DRILL_SCENARIOS := real_vllm
 
 # what this run proved of the reliability catalogue: each test's and Molecule task's outcome (catalogue_map.py --run)

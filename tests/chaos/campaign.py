@@ -3,6 +3,7 @@ recovery an operator would make, then the checker (tests/chaos/invariants.py) on
 
     python tests/chaos/campaign.py --seed 1000 --runs 20 [--out docs/results/chaos_....json]
     python tests/chaos/campaign.py --seeds 1003,1017        (the runs of these seeds only: a replay)
+    python tests/chaos/campaign.py --short                  (the gate's short schedule: schedule.covering(1000))
 
 The lab is GPUFLEET_LAB=chaos (3 nodes; `make chaos` starts it). Each run, from its seed (schedule.py): an operation
 (a switch to the engine not serving, with or without park_previous=auto, a cleanup, a --check, two switches at once),
@@ -43,7 +44,15 @@ import schedule  # noqa: E402
 LAB = os.environ.get("GPUFLEET_LAB") or "chaos"
 INVENTORY = REPO / "build" / LAB / "inventory.ini"
 WORKDIR = REPO / "build" / "chaos-runs"
-NODES = schedule.NODES
+
+
+def lab_nodes() -> tuple[str, ...]:
+    """The lab's nodes, as its inventory names them (a campaign's runs are drawn for as many nodes)."""
+    names = [line.split()[0] for line in INVENTORY.read_text().splitlines() if re.match(r"node\d+ ", line)] if INVENTORY.exists() else []
+    return tuple(sorted(names, key=lambda name: int(name[4:]))) or schedule.NODES
+
+
+NODES = lab_nodes()
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RUN_TIMEOUT = 900  # seconds a playbook may run before it counts as hung
 SETTLE_TIMEOUT = 120
@@ -137,7 +146,8 @@ def command(operation: str, target: str) -> list[str]:
         return [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "gpu_cleanup.yml")]
     # both engines started so that a switch can park them (always: a plain switch must not change their units back)
     argv = [str(PLAYBOOK), "-i", str(INVENTORY), str(REPO / "playbooks" / "switch_engine.yml"), "-e", f"target={target}",
-            "-e", "switch_engine_serial=2", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true",
+            # two batches whatever the lab's size: a rollout stopped between them leaves the nodes apart
+            "-e", f"switch_engine_serial={(len(NODES) + 1) // 2}", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true",
             # a target whose readiness hangs is given up after 60 s, not the lab's 300 (a campaign's runs add up)
             "-e", "vllm_ready_timeout=60", "-e", "sglang_ready_timeout=60"]
     if operation == "switch_park":
@@ -548,7 +558,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=1000, help="the first run's seed (run i has seed + i)")
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--seeds", help="comma-separated seeds to run instead (a replay, or the gate's short schedule)")
+    parser.add_argument("--seeds", help="comma-separated seeds to run instead (a replay)")
+    parser.add_argument("--short", action="store_true", help="the short schedule: the seeds from 1000 that reach every fault and operation (the gate's)")
     parser.add_argument("--out", type=Path, help="the campaign's JSON (default: build/chaos-runs/campaign-SEED-RUNS.json)")
     parser.add_argument("--summarize", nargs="+", type=Path, metavar="JSON", help="print the table of these campaigns' runs (markdown), run nothing")
     args = parser.parse_args(argv)
@@ -565,7 +576,8 @@ def main(argv: list[str]) -> int:
         return 0
     if not INVENTORY.exists():
         parser.error(f"no lab at {INVENTORY}: start it with `make chaos` (or GPUFLEET_LAB={LAB} python tests/sim/lab.py up --nodes {len(NODES)})")
-    seeds = [int(word) for word in args.seeds.split(",")] if args.seeds else [args.seed + index for index in range(args.runs)]
+    seeds = (schedule.covering(1000, NODES) if args.short else [int(word) for word in args.seeds.split(",")] if args.seeds
+             else [args.seed + index for index in range(args.runs)])
     WORKDIR.mkdir(parents=True, exist_ok=True)
     out = args.out or WORKDIR / f"campaign-{seeds[0]}-{len(seeds)}.json"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -580,7 +592,7 @@ def campaign(seeds: list[int], out: Path) -> int:
     results: list[dict] = []
     campaign_started = time.time()
     for index, seed in enumerate(seeds):
-        run = schedule.plan(seed)
+        run = schedule.plan(seed, NODES)
         result = one_run(run, index)
         results.append(result)
         verdict = "ok" if not result["violations"] else f"{len(result['violations'])} VIOLATION(S)"
@@ -601,7 +613,7 @@ def campaign(seeds: list[int], out: Path) -> int:
     print("\n".join(table(results)))
     failed = [item["seed"] for item in results if item["violations"]]
     print(f"chaos: {len(results)} run(s), {sum(len(item['violations']) for item in results)} violation(s)"
-          + (f"; replay: make chaos SEEDS={','.join(map(str, failed))}" if failed else "") + f"; {out}")
+          + (f"; replay: make chaos CHAOS_NODES={len(NODES)} SEEDS={','.join(map(str, failed))}" if failed else "") + f"; {out}")
     return 1 if failed else 0
 
 

@@ -178,8 +178,3 @@ def test_an_escaped_worker_is_killed_by_a_teardown_with_every_signal_journalled_
     assert "touched by a run that tears nothing down" in invariants.escaped_worker(
         "node1", node(escaped=[job], journal=[intent]), torn_down=False)[0]
     assert invariants.escaped_worker("node1", node(escaped=[dict(job, alive=True, signals=[])]), torn_down=False) == []
-
-
-def test_the_short_schedule_in_the_makefile_is_the_covering_one():
-    line = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("CHAOS_SHORT :="))
-    assert [int(seed) for seed in line.split(":=")[1].strip().split(",")] == schedule.covering(1000), "schedule.covering(1000) changed"
