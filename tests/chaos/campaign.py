@@ -43,7 +43,7 @@ import schedule  # noqa: E402
 
 LAB = os.environ.get("GPUFLEET_LAB") or "chaos"
 INVENTORY = REPO / "build" / LAB / "inventory.ini"
-WORKDIR = REPO / "build" / "chaos-runs"
+WORKDIR = REPO / "build" / "chaos-runs" / LAB  # the runs' reports and logs: one lab's campaign beside another's
 
 
 def lab_nodes() -> tuple[str, ...]:
@@ -479,7 +479,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
         elif operation == "cleanup":
             violations += invariants.nothing_runs(node, state)
         violations += invariants.leftovers(node, state)
-        violations += invariants.gpu_memory(node, state)
+        violations += invariants.gpu_memory(node, state, escaped_left=operation == "check")
         violations += invariants.signals_journalled(node, state, by_node[node].injected)
         violations += invariants.escaped_worker(node, state, torn_down=operation != "check")
         if operation != "check":
@@ -560,7 +560,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seeds", help="comma-separated seeds to run instead (a replay)")
     parser.add_argument("--short", action="store_true", help="the short schedule: the seeds from 1000 that reach every fault and operation (the gate's)")
-    parser.add_argument("--out", type=Path, help="the campaign's JSON (default: build/chaos-runs/campaign-SEED-RUNS.json)")
+    parser.add_argument("--out", type=Path, help="the campaign's JSON (default: build/chaos-runs/LAB/campaign-SEED-RUNS.json)")
     parser.add_argument("--summarize", nargs="+", type=Path, metavar="JSON", help="print the table of these campaigns' runs (markdown), run nothing")
     args = parser.parse_args(argv)
     if args.summarize:

@@ -116,11 +116,14 @@ def leftovers(node: str, state: dict) -> list[str]:
     return problems
 
 
-def gpu_memory(node: str, state: dict) -> list[str]:
-    """Memory on the GPUs is held only by the serving or the parked engine's unit, or by another user's job."""
+def gpu_memory(node: str, state: dict, escaped_left: bool = False) -> list[str]:
+    """Memory on the GPUs is held only by the serving or the parked engine's unit, or by another user's job - and, after
+    a run that tears nothing down (``escaped_left``: a --check), by the escaped worker it found (and its respawns)."""
     keep = {f"/{engine}.service" for engine in serving(state) + parked(state)}
     by_pid = {process["pid"]: process for process in state["processes"]}
     foreign = {job["pid"] for job in state.get("foreign", [])}
+    if escaped_left:
+        foreign |= {job["pid"] for job in state.get("escaped", [])} | set(state.get("respawned", []))
     problems = []
     for allocation in state.get("gpu_memory", []):
         if allocation["leak"]:

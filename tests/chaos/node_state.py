@@ -34,6 +34,7 @@ HOLD_DIR = Path("/run/gpufleet-serving/parked")
 PARKED_RECORD = Path("/var/lib/gpufleet-serving/parked.json")
 FOREIGN = Path("/run/gpufleet-chaos/foreign.json")  # the campaign's foreign jobs: [{"pid", "start_time", "witness"}]
 ESCAPED = Path("/run/gpufleet-chaos/escaped.json")  # the campaign's escaped engine workers, the same shape
+RESPAWNED = Path("/run/gpufleet-chaos/respawned.pids")  # the workers a respawning one's parent started, one pid a line
 
 
 def unit(name: str) -> dict:
@@ -180,6 +181,7 @@ def main(argv: list[str]) -> None:
         "parked_record": json.loads(PARKED_RECORD.read_text()) if PARKED_RECORD.exists() else None,
         "foreign": campaign_jobs(FOREIGN),
         "escaped": campaign_jobs(ESCAPED),
+        "respawned": [int(word) for word in RESPAWNED.read_text().split()] if RESPAWNED.exists() else [],
         "witness": [line for line in signal_witness.read(WITNESS_DIR) if line["at"] >= since],
         "journal": journal(since),
     }

@@ -123,6 +123,12 @@ def test_gpu_memory_is_held_only_by_the_serving_or_parked_engine_or_another_user
                    foreign=[{"pid": 13, "alive": True, "signals": []}])
     assert invariants.gpu_memory("node1", foreign) == []
     assert "held by no process" in invariants.gpu_memory("node1", node(gpu_memory=[{"gpu": 2, "mib": 5, "holders": [], "leak": True}]))[0]
+    # an escaped worker (and what its parent started again) may be left only by a run that tears nothing down: a --check
+    escaped = node(("vllm",), gpu_memory=[{"gpu": 6, "mib": 1024, "holders": ["21:3"], "leak": False},
+                                          {"gpu": 6, "mib": 1024, "holders": ["23:4"], "leak": False}],
+                   escaped=[{"pid": 21, "start_time": 3, "alive": True, "signals": []}], respawned=[22, 23])
+    assert invariants.gpu_memory("node1", escaped, escaped_left=True) == []
+    assert [line.split(" held by ")[1].split()[1] for line in invariants.gpu_memory("node1", escaped)] == ["21", "23"]
 
 
 def test_the_report_must_match_the_node_and_a_second_rerun_must_find_nothing_to_do():
