@@ -601,7 +601,8 @@ def campaign(seeds: list[int], out: Path) -> int:
               f"{result['seconds']} s in all", flush=True)
         for fault in result["faults"]:
             at = fault["phase"] if fault["landed_phase"] in (None, fault["phase"]) else f"{fault['phase']}->{fault['landed_phase']}"
-            what = (fault["detail"] or "delivered") if fault["delivered"] else "not delivered: the run ended before its moment"
+            what = ((fault["detail"] or "delivered") if fault["delivered"]
+                    else f"not delivered: {fault['detail'] or fault['error'] or 'the run ended before its moment'}")
             print(f"    {fault['where']}: {fault['kind']} at {at or 'delay'}+{fault['delay']}s ({what})", flush=True)
         for violation in result["violations"]:
             print(f"    VIOLATION {violation}", flush=True)
