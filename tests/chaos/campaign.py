@@ -61,6 +61,15 @@ FOREIGN_WITNESS = "/run/gpufleet-chaos/alice.witness"
 ESCAPED_FILE = "/run/gpufleet-chaos/escaped.json"
 ESCAPED_WITNESS = "/run/gpufleet-chaos/escaped.witness"
 RESPAWNED_PIDS = "/run/gpufleet-chaos/respawned.pids"
+# each node's model hub (tests/sim/hf_endpoint.py, 4 MiB/s): SGLang's model is staged from it by every switch
+HUB_MODEL = "lab/tiny-sglang"
+HUB_PORT = 8090
+HUB_UNIT = "gpufleet-lab-hub.service"
+HUB_STAGED = "/var/lib/gpufleet-models/lab--tiny-sglang"
+HUB_SETUP = (f"mkdir -p /srv/hub/{HUB_MODEL} && cp -n /models/Llama-3.3-70B-Instruct/* /srv/hub/{HUB_MODEL}/ && "
+             f"printf '[Service]\\nExecStart=/usr/bin/python3 /opt/gpufleet-tests/sim/hf_endpoint.py --root /srv/hub --port {HUB_PORT} "
+             f"--rate-mib 4\\n[Install]\\nWantedBy=multi-user.target\\n' > /etc/systemd/system/{HUB_UNIT} && "
+             f"systemctl daemon-reload && systemctl enable --now {HUB_UNIT}")
 FULL_DISKS = ("/var/lib/gpufleet-serving", "/var/log/gpufleet-serving")  # the node's records and its signal journal
 
 
@@ -150,6 +159,8 @@ def command(operation: str, target: str) -> list[str]:
             "-e", f"switch_engine_serial={(len(NODES) + 1) // 2}", "-e", "vllm_sleep_mode=true", "-e", "sglang_memory_saver=true",
             # a target whose readiness hangs is given up after 60 s, not the lab's 300 (a campaign's runs add up)
             "-e", "vllm_ready_timeout=60", "-e", "sglang_ready_timeout=60"]
+    # SGLang's model comes from each node's hub: staged by the switch before its drain (a hub_fail fault stops the hub)
+    argv += ["-e", f"sglang_model={HUB_MODEL}", "-e", f"switch_engine_hub_endpoint=http://127.0.0.1:{HUB_PORT}"]
     if operation == "switch_park":
         argv += ["-e", "switch_engine_park_previous=auto"]
     if operation == "check":
@@ -173,7 +184,7 @@ def main_pid(node: str, engine: str) -> int:
 class Fault:
     """One fault of a run - on a node, or on the controller: inject() at its moment, undo() as the operator's recovery."""
 
-    def __init__(self, spec: schedule.Fault, playbook: Playbook, target: str, previous: dict[str, str | None]):
+    def __init__(self, spec: schedule.Fault, playbook: Playbook | None, target: str, previous: dict[str, str | None]):
         self.spec, self.playbook, self.target = spec, playbook, target
         self.node = spec.where if spec.where != schedule.CONTROLLER else None
         self.previous = previous.get(self.node) if self.node else None
@@ -201,6 +212,13 @@ class Fault:
             if engine and (pid := main_pid(self.node, engine)):
                 return engine, pid
         return "", 0
+
+    def prepare(self) -> None:
+        """Before the operation: a hub failure needs a download to fail - SGLang's staged model is removed where it
+        is the target and does not run (a new model, as an operator stages one)."""
+        if self.kind == "hub_fail" and self.target == "sglang" and not main_pid(self.node, "sglang"):
+            self.run(f"rm -rf {HUB_STAGED} {HUB_STAGED}.partial")
+            self.detail = "SGLang's model to be staged again"
 
     def inject(self) -> None:
         self.injected_at = time.time()
@@ -256,6 +274,11 @@ class Fault:
         elif kind == "readiness_hang":
             self.run(f"echo '{{\"{self.target}\": {{\"health_never_green\": true}}}}' > /etc/gpufleet-sim/faults.json")
             self.detail = f"{self.target}'s health stays 503"
+        elif kind == "hub_fail":
+            partial = self.run(f"du -sm {HUB_STAGED}.partial 2>/dev/null | cut -f1").stdout.strip()
+            self.run(f"systemctl kill -s KILL {HUB_UNIT}; systemctl stop {HUB_UNIT}")
+            self.detail = (f"the hub stopped with {partial} MiB of the download in {HUB_STAGED}.partial" if partial
+                           else "the hub stopped, no download in flight")
 
     def _start_holder(self, user: str, name: str, device: str, alloc: str, witness: str, record_file: str, respawn: bool = False) -> dict:
         """A process of ``user`` outside any engine unit (a session of its own), holding ``device`` and simulated GPU
@@ -295,6 +318,8 @@ class Fault:
             self.run("systemctl start ssh.service")
         elif kind == "readiness_hang":
             self.run("echo '{}' > /etc/gpufleet-sim/faults.json")
+        elif kind == "hub_fail":
+            self.run(f"systemctl start {HUB_UNIT}")
         elif kind == "disk_full":
             # room again: what was written meanwhile is kept (a node restart has already dropped the mounts)
             script = "".join(f"if mountpoint -q {path}; then rm -f {path}/.chaos-fill; mkdir -p /run/chaos-keep{index}; "
@@ -432,12 +457,16 @@ def one_run(run: schedule.Run, index: int) -> dict:
     argv = command(operation, target)
     logs = WORKDIR / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    faults = [Fault(spec, None, target, previous) for spec in run.faults]
+    for fault in faults:
+        fault.prepare()
     playbook = Playbook(argv, logs / f"{run.seed}-run.log")
     second = None
     if operation == "overlap":
         time.sleep(2)
         second = Playbook(argv, logs / f"{run.seed}-overlap.log")
-    faults = [Fault(spec, playbook, target, previous) for spec in run.faults]
+    for fault in faults:
+        fault.playbook = playbook
     deliveries = [threading.Thread(target=deliver, args=(fault, operation), daemon=True) for fault in faults]
     for delivery in deliveries:
         delivery.start()
@@ -502,6 +531,8 @@ def one_run(run: schedule.Run, index: int) -> dict:
 def landed(fault: dict) -> bool:
     """The fault did something: it came before the operation's end (or is of the node's world), and a fault aimed at
     a process found one (no module running at that moment, no engine at all: a miss)."""
+    if fault["kind"] == "hub_fail":
+        return fault["delivered"] and "MiB of the download" in (fault["detail"] or "")
     return fault["delivered"] and not (fault["kind"] in ("module_kill", "engine_kill", "engine_stop") and not fault["injected"])
 
 
@@ -588,7 +619,15 @@ def main(argv: list[str]) -> int:
             playbook.signal(signal.SIGKILL)
 
 
+def ensure_hubs() -> None:
+    """Each node's model hub, as a unit enabled at boot (a node restart brings it back)."""
+    for node in NODES:
+        if node_exec(node, f"systemctl is-active -q {HUB_UNIT}").returncode != 0:
+            node_exec(node, HUB_SETUP, check=True, timeout=120)
+
+
 def campaign(seeds: list[int], out: Path) -> int:
+    ensure_hubs()
     results: list[dict] = []
     campaign_started = time.time()
     for index, seed in enumerate(seeds):

@@ -13,7 +13,7 @@ import random
 from dataclasses import asdict, dataclass
 
 # bumped whenever a change below draws other runs from the same seeds: a campaign's JSON names the version it replays on
-SCHEDULE_VERSION = 4
+SCHEDULE_VERSION = 5
 
 # the gate's lab (the campaign draws for the nodes of its lab: a seed replays on a lab of the same size)
 NODES = ("node1", "node2", "node3")
@@ -39,6 +39,7 @@ NODE_FAULTS = (
     "escaped_worker",  # a worker of an engine's user outside its unit, holding a GPU (the teardown's to kill)
     "escaped_respawn",  # the same, under a parent of that user that starts it again whenever it dies
     "readiness_hang",  # the target's readiness never comes (its health stays 503)
+    "hub_fail",  # the node's model hub stops mid-download (SGLang's model comes from it, staged again for this run)
 )
 FAULTS = CONTROLLER_FAULTS + NODE_FAULTS
 # faults delivered even when the operation has ended by their moment (at its end): the node's world does not wait
@@ -67,6 +68,8 @@ DELAY_SECONDS = (0.0, 40.0)
 # within a phase: the cutover runs on the node for several seconds, a wider spread reaches its inner phases
 WITHIN_PHASE_SECONDS = {"cutover": 8.0}
 DEFAULT_WITHIN_SECONDS = 1.5
+# the hub's failure aims at its download: the stage phase, within the download's 16 s (64 MiB at 4 MiB/s)
+HUB_SECONDS = (1.0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ def phases_of(operation: str) -> dict[str, str]:
 
 
 def _moment(draw: random.Random, operation: str, where: str, kind: str) -> Fault:
+    if kind == "hub_fail" and operation != "cleanup":
+        return Fault(where, kind, "stage", round(draw.uniform(*HUB_SECONDS), 1), round(draw.uniform(15.0, 30.0), 1))
     phases = list(phases_of(operation))
     if operation == "check":
         phases = [phase for phase in phases if phase not in ("cutover", "finish")]  # --check has neither
