@@ -192,6 +192,8 @@ def plan(settings: Settings, node: Found) -> dict:
         "answer_check": answer_plan(settings, node, would_change),
         "unchanged": unchanged,
         "sweep": sweep_plan(settings, node) if unchanged else None,
+        # a parked engine that died or was restarted is no way back: an unchanged node forgets it (its record, its hold)
+        "forget_parked": forget_parked(node) if unchanged else None,
         "would_change": would_change,
         "staged": staged,
         "in_place": in_place,
@@ -221,6 +223,15 @@ def sweep_plan(settings: Settings, node: Found) -> dict | None:
     target_unit = (node.engines.get(settings.target) or {}).get("unit")
     others = [facts["unit"] for name, facts in node.engines.items() if name != settings.target and facts.get("unit")]
     return {"pids": sorted(holder["pid"] for holder in node.escaped), "units": others, "kept_units": [target_unit] if target_unit else []}
+
+
+def forget_parked(node: Found) -> dict | None:
+    """The node's parked record when it no longer stands for a parked engine (it died, was restarted, or its unit
+    changed): {engine, unit, reason}; None when none is recorded or it is still parked."""
+    parked = node.parked or {}
+    if not parked or parked.get("alive"):
+        return None
+    return {"engine": parked.get("engine"), "unit": parked.get("unit"), "reason": parked.get("reason")}
 
 
 def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:

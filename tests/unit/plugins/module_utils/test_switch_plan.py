@@ -92,6 +92,20 @@ def test_a_target_serving_beside_the_engines_escaped_workers_is_unchanged_and_sw
     assert not switching["unchanged"] and switching["sweep"] is None
 
 
+def test_an_unchanged_node_forgets_a_parked_engine_that_is_parked_no_more():
+    """Found by the fault campaign (seed 4000): the parked engine killed, a rerun unchanged left its record and its
+    start hold - a later start of its unit skipped in silence."""
+    serving = {"found": ["sglang"], "serving": ["sglang"], "previous": "sglang"}
+    dead = {"engine": "vllm", "unit": "vllm.service", "alive": False, "reason": "the parked vllm died (vllm.service is inactive)"}
+    steps = switch_plan.plan(settings(), found(**serving, parked=dead))
+    assert steps["unchanged"]
+    assert steps["forget_parked"] == {"engine": "vllm", "unit": "vllm.service", "reason": dead["reason"]}
+    assert switch_plan.plan(settings(), found(**serving, parked=dict(dead, alive=True, reason=None)))["forget_parked"] is None
+    assert switch_plan.plan(settings(), found(**serving))["forget_parked"] is None
+    # a switch decides the parked engine's fate itself (cold, evicted)
+    assert switch_plan.plan(settings(), found(parked=dead))["forget_parked"] is None
+
+
 def test_an_engine_switched_in_place_is_backed_up_and_its_files_carry_the_staged_mark():
     steps = switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["ExecStart"]}))
     assert steps["in_place"] and steps["where"]["backup"] == "controller" and steps["prepare"]
