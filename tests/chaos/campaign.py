@@ -480,7 +480,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     for fault in faults:
         fault.undo()
     recovery_started = time.time()
-    by_node = {fault.node: fault for fault in faults if fault.node}
+    on_node = {node: [fault for fault in faults if fault.node == node] for node in NODES}
     violations: list[str] = [f"the campaign could not inject {fault.kind} on {fault.spec.where}: {fault.error}" for fault in faults if fault.error]
     if None in codes:
         violations.append(f"the operation ran past {RUN_TIMEOUT} s (hung)")
@@ -488,7 +488,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     for node in NODES:
         violations += invariants.foreign_untouched(node, after_fault[node])
         if operation == "check":
-            violations += invariants.untouched(node, before[node], after_fault[node], by_node[node].hit_engine)
+            violations += invariants.untouched(node, before[node], after_fault[node], any(fault.hit_engine for fault in on_node[node]))
         elif operation != "cleanup":
             before_here = invariants.serving(before[node])  # each node's own: a stopped rollout leaves them apart
             allowed = tuple(dict.fromkeys([target, *before_here]))
@@ -509,7 +509,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
             violations += invariants.nothing_runs(node, state)
         violations += invariants.leftovers(node, state)
         violations += invariants.gpu_memory(node, state, escaped_left=operation == "check")
-        violations += invariants.signals_journalled(node, state, by_node[node].injected)
+        violations += invariants.signals_journalled(node, state, [sent for fault in on_node[node] for sent in fault.injected])
         violations += invariants.escaped_worker(node, state, torn_down=operation != "check")
         if operation != "check":
             violations += invariants.report_matches(node, state, rerun_report) if operation != "cleanup" else []

@@ -1,10 +1,11 @@
 """What each run of a fault campaign does, drawn from its seed alone: the operation, and the faults with their moments.
 
-A run is replayed exactly by its seed (`make chaos SEEDS=S`): the draw uses nothing but random.Random(seed). Each node
-of the lab gets a fault of its own world (its engine killed, its disk full, a partition...), and a share of the runs a
-fault of the controller too (SIGKILL, Ctrl-C): several faults per run, as a fleet meets them (Jepsen's nemesis mixes
-them the same way). A fault's moment is a phase of the operation, entered as the controller prints it (a task that
-starts the phase), plus a random delay; or a plain random delay from the operation's start.
+A run is replayed exactly by its seed and the lab's size (`make chaos CHAOS_NODES=N SEEDS=S`): the draw uses nothing
+but random.Random(seed). Each node of the lab gets two faults of its own world, of two kinds (its engine killed, its
+disk full, a partition...), and a share of the runs a fault of the controller too (SIGKILL, Ctrl-C): faults that
+overlap, as a fleet meets them (Jepsen's nemesis mixes them the same way). A fault's moment is a phase of the
+operation, entered as the controller prints it (a task that starts the phase), plus a random delay; or a plain random
+delay from the operation's start.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 from dataclasses import asdict, dataclass
 
 # bumped whenever a change below draws other runs from the same seeds: a campaign's JSON names the version it replays on
-SCHEDULE_VERSION = 5
+SCHEDULE_VERSION = 6
 
 # the gate's lab (the campaign draws for the nodes of its lab: a seed replays on a lab of the same size)
 NODES = ("node1", "node2", "node3")
@@ -27,6 +28,7 @@ CONTROLLER_FAULTS = (
     "controller_int",  # Ctrl-C: SIGINT to the controller's process group
 )
 CONTROLLER_SHARE = 0.3  # of the runs
+FAULTS_PER_NODE = 2  # each node's own, of two kinds, each at its own moment: faults that overlap, as a bad day's do
 # each node's faults
 NODE_FAULTS = (
     "module_kill",  # the module's Python process on the node SIGKILLed
@@ -42,6 +44,8 @@ NODE_FAULTS = (
     "hub_fail",  # the node's model hub stops mid-download (SGLang's model comes from it, staged again for this run)
 )
 FAULTS = CONTROLLER_FAULTS + NODE_FAULTS
+# kinds that cannot be drawn for one node together (one escaped worker a node: the campaign records one)
+EXCLUSIVE = ({"escaped_worker", "escaped_respawn"},)
 # faults delivered even when the operation has ended by their moment (at its end): the node's world does not wait
 WORLD_FAULTS = ("node_restart", "engine_kill", "engine_stop", "partition", "foreign_job", "disk_full", "readiness_hang", "escaped_worker",
                 "escaped_respawn")
@@ -111,10 +115,17 @@ def _moment(draw: random.Random, operation: str, where: str, kind: str) -> Fault
 
 
 def plan(seed: int, nodes: tuple[str, ...] = NODES) -> Run:
-    """The run a seed stands for: an operation, a fault on each node, and on some runs one on the controller."""
+    """The run a seed stands for: an operation, two faults on each node, and on some runs one on the controller."""
     draw = random.Random(seed)
     operation = draw.choices(list(OPERATIONS), weights=list(OPERATIONS.values()))[0]
-    faults = [_moment(draw, operation, node, draw.choice(NODE_FAULTS)) for node in nodes]
+    faults = []
+    for node in nodes:
+        kinds: list[str] = []
+        while len(kinds) < FAULTS_PER_NODE:
+            kind = draw.choice(NODE_FAULTS)
+            if kind not in kinds and not any(kind in pair and set(kinds) & pair for pair in EXCLUSIVE):
+                kinds.append(kind)
+        faults += [_moment(draw, operation, node, kind) for kind in kinds]
     if draw.random() < CONTROLLER_SHARE:
         faults.append(_moment(draw, operation, CONTROLLER, draw.choice(CONTROLLER_FAULTS)))
     return Run(seed, operation, tuple(faults))

@@ -38,14 +38,18 @@ def test_a_seed_stands_for_one_run_and_a_replay_draws_it_again():
     runs = schedule.campaign(1000, 200)
     for run in runs:
         assert run.operation in schedule.OPERATIONS
-        # a fault of its own on each node, in the node's world; at most one on the controller, the run's
-        assert [fault.where for fault in run.faults][:len(schedule.NODES)] == list(schedule.NODES)
-        assert all(fault.kind in schedule.NODE_FAULTS for fault in run.faults[:len(schedule.NODES)])
-        assert all(fault.kind in schedule.CONTROLLER_FAULTS for fault in run.faults[len(schedule.NODES):])
+        # two faults of their own on each node, of two kinds, in the node's world; at most one on the controller, the run's
+        on_nodes = len(schedule.NODES) * schedule.FAULTS_PER_NODE
+        assert [fault.where for fault in run.faults][:on_nodes] == [node for node in schedule.NODES for _ in range(schedule.FAULTS_PER_NODE)]
+        for node in schedule.NODES:
+            kinds = {fault.kind for fault in run.faults if fault.where == node}
+            assert len(kinds) == schedule.FAULTS_PER_NODE and kinds <= set(schedule.NODE_FAULTS)
+            assert not any(pair <= kinds for pair in schedule.EXCLUSIVE)
+        assert all(fault.kind in schedule.CONTROLLER_FAULTS for fault in run.faults[on_nodes:]) and len(run.faults) - on_nodes <= 1
         for fault in run.faults:
             assert fault.phase is None or fault.phase in schedule.phases_of(run.operation)
             assert not (run.operation == "check" and fault.phase in ("cutover", "finish")), "a --check has no cutover"
-    with_controller = sum(len(run.faults) > len(schedule.NODES) for run in runs)
+    with_controller = sum(len(run.faults) > len(schedule.NODES) * schedule.FAULTS_PER_NODE for run in runs)
     assert 0.2 * len(runs) < with_controller < 0.4 * len(runs)
 
 
