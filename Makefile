@@ -20,7 +20,7 @@ help:
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
-	@echo "make chaos [CHAOS_NODES=3] [RUNS=20 SEED=1000 | SEEDS=a,b]  a seeded fault campaign, a fault on every node of every run, on a lab of its own; each failing seed replays"
+	@echo "make chaos [CHAOS_NODES=3] [RUNS=20 SEED=1000 | SEEDS=a,b]  a seeded fault campaign, two faults on every node of every run, on a lab of its own; each failing seed replays"
 	@echo "make chaos-short  the campaign's short schedule (the gate's chaos_short): every fault kind and operation at least once (5 runs)"
 	@echo "make bench   teardown vs the shell recipe, holder scan vs fuser, switch downtime: docs/benchmarks-lab.md (not CI; root, podman)"
 	@echo "make bench-fleet [NODES=100]  controller CPU and memory per node of the cleanup, the plan and the rolling switch at 1-NODES lab nodes"
@@ -138,7 +138,7 @@ molecule:
 # beside the static checks and the nodes' image build, then the Molecule scenarios in two lanes (starting while the
 # checks finish), a switch under load through HAProxy, pinned pip installs
 # and switch_faults (an operator's faults: concurrent runs, reboot, Ctrl-C in each phase and a dropped SSH connection,
-# a node lost, the rollback's own failures) and chaos_short (the fault campaign's short schedule: 5 runs, a fault on
+# a node lost, the rollback's own failures) and chaos_short (the fault campaign's short schedule: 5 runs, two faults on
 # each of 3 nodes and on some the controller's, every fault kind) among them. make test-all adds what does not fit the gate's time
 # (DRILL_SCENARIOS): real_vllm, vLLM's real CPU build installed, served, drained, refused a broken model and switched
 # (about 900 MB of wheels fetched once). Run it before a release.

@@ -7,7 +7,7 @@ recovery an operator would make, then the checker (tests/chaos/invariants.py) on
 
 The lab is GPUFLEET_LAB=chaos (3 nodes; `make chaos` starts it). Each run, from its seed (schedule.py): an operation
 (a switch to the engine not serving, with or without park_previous=auto, a cleanup, a --check, two switches at once),
-a fault on each node and on some runs one on the controller, each at the start of one of the operation's phases plus
+two faults on each node and on some runs one on the controller, each at the start of one of the operation's phases plus
 a random delay, or at a plain delay. Then:
 1. the operation ends (or is ended by the fault), the fault is undone (SIGCONT, sshd started, the node back), the
    node settles; checked: one engine serves (or none after a cleanup, the same as before after a --check or a refused

@@ -34,7 +34,7 @@ EXPECTED_SECONDS = {"switch_faults": 2000, "switch_engine": 2050, "switch_traffi
                     "fleet_slices": 400, "switch_park": 600, "switch_metrics": 115, "switch_pivot": 455,
                     "chaos_short": 900}
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
-# chaos_short's fault campaign gives each of 3 nodes a fault; teardown_units' cases are each about one node's units;
+# chaos_short's fault campaign gives each of 3 nodes two faults; teardown_units' cases are each about one node's units;
 # real_vllm runs vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "chaos_short": ["--nodes", "3"],
                "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
