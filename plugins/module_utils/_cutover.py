@@ -177,7 +177,9 @@ class NodeOps:
         ``kept`` (a parked engine's unit) are neither signalled nor foreign: they are listed as ``kept``."""
         raise NotImplementedError
 
-    def kill_holders(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
+    def kill_holders(self, units: list[str], kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
+        """The holders killed; with ``leave_foreign``, another user's holders are reported and left where the node's
+        setting would refuse them (the way back: refusing there leaves no engine)."""
         raise NotImplementedError
 
     def park(self, engine: Engine, timeout: float) -> dict:
@@ -245,11 +247,12 @@ class Phases:
 
 
 def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS,
-             kept: tuple[str, ...] = ()) -> dict:
+             kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
     """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps (those
     of ``only``). With ``decide``, the holders are found and classified first and a refused plan (another user's
     process, a restarting service's, too many) stops the teardown before any unit is stopped. ``kept``: a parked
     engine's units - not stopped, its processes not signalled, their GPU memory reported and not counted.
+    ``leave_foreign``: another user's holders are reported and left, their memory not counted (a rollback's).
 
     Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
     """
@@ -260,7 +263,8 @@ def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide:
     plan = (("before", lambda: ops.memory(wait=False)),
             ("decide", lambda: ops.decide(stopped, keep) if keep else ops.decide(stopped)),
             ("units", lambda: ops.stop_units(stopped, stop_timeout)),
-            ("holders", lambda: ops.kill_holders(stopped, keep) if keep else ops.kill_holders(stopped)),
+            ("holders", lambda: (ops.kill_holders(stopped, keep, leave_foreign=True) if leave_foreign
+                                 else ops.kill_holders(stopped, keep) if keep else ops.kill_holders(stopped))),
             # what the engines released is judged: a holder reported and left keeps its memory
             ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps))))
     step = "before"
@@ -460,8 +464,9 @@ def prepare(request: CutoverRequest, ops: NodeOps, phases: Phases, result: dict)
 def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result: dict | None = None, clock: Clock | None = None) -> dict:
     """Tear the failed target down (it serves no one: the short grace), put the previous engine's files back - and its
     model, where the target's replaced it - start it (or wake it, when it was parked) and wait until it serves; raises
-    what failed. Returns the rollback teardown's steps."""
-    steps = teardown(request, ops, request.stop_grace, kept=(request.previous.unit,) if parked else ())
+    what failed. Returns the rollback teardown's steps. Another user's job on the GPUs is left (it came during the
+    cutover: the preflight refused any before the drain) - refusing it here would leave no engine at all."""
+    steps = teardown(request, ops, request.stop_grace, kept=(request.previous.unit,) if parked else (), leave_foreign=True)
     if request.restore and not parked:
         ops.restore(request.restore)
     if request.replace_model:
@@ -484,7 +489,7 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result
             checked = checked_answers(request, ops, clock, request.previous, expectations=False)
             if not checked["passed"] and parked:
                 # woken and answering otherwise: started cold, as a woken target is
-                teardown(request, ops, request.stop_grace)
+                teardown(request, ops, request.stop_grace, leave_foreign=True)
                 ops.reset_failed([request.previous.unit])
                 ops.start(request.previous.unit)
                 ops.wait_ready(request.previous, request.previous.ready_timeout)

@@ -126,8 +126,8 @@ class Node(cutover.NodeOps):
     def decide(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
         return self._holders(units, check_mode=True, kept=kept)
 
-    def kill_holders(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
-        return self._holders(units, check_mode=False, kept=kept)
+    def kill_holders(self, units: list[str], kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
+        return self._holders(units, check_mode=False, kept=kept, leave_foreign=leave_foreign)
 
     def park(self, engine: cutover.Engine, timeout: float) -> dict:
         started = time.monotonic()
@@ -180,12 +180,13 @@ class Node(cutover.NodeOps):
         except OSError as exc:
             raise Error(f"{path}: {exc.strerror or exc}") from None
 
-    def _holders(self, units: list[str], check_mode: bool, kept: tuple[str, ...] = ()) -> dict:
+    def _holders(self, units: list[str], check_mode: bool, kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
+        outside_units = "report" if leave_foreign and self.params["outside_units"] == "fail" else self.params["outside_units"]
         params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
                       protected_pids=[], term_timeout=self.params["term_timeout"],
                       kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
-                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=self.params["outside_units"],
+                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=outside_units,
                       owners=self.params["owners"], kept_units=list(kept))
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,

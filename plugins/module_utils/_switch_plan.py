@@ -59,6 +59,7 @@ class Settings:
     answer_check: bool = True  # the engine's answers checked before rotation
     answer_refresh: bool = False  # a new record taken on purpose
     answer_expectations: int = 0  # the operator's expectations (switch_engine_answer_checks)
+    outside_units: str = "fail"  # another user's GPU holders: fail, report or kill (switch_engine_outside_units)
 
     @classmethod
     def from_vars(cls, values: dict) -> Settings:
@@ -191,6 +192,8 @@ def plan(settings: Settings, node: Found) -> dict:
         "replace": replacement(settings, node),
         "answer_check": answer_plan(settings, node, would_change),
         "unchanged": unchanged,
+        # the way back leaves another user's job that came during the cutover: refusing it there leaves no engine at all
+        "rollback_outside_units": "report" if settings.outside_units == "fail" else settings.outside_units,
         "sweep": sweep_plan(settings, node) if unchanged else None,
         # a parked engine that died or was restarted is no way back: an unchanged node forgets it (its record, its hold)
         "forget_parked": forget_parked(node) if unchanged else None,

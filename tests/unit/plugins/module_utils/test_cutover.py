@@ -9,7 +9,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
 from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
 from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput, Refused
 
 VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
 SGLANG = cutover.Engine("sglang", "sglang.service", "http://127.0.0.1:30000", "m", ready_timeout=30)
@@ -33,6 +33,7 @@ class Node(cutover.NodeOps):
     def __init__(self, clock, failures=None, drained=True, costs=None, left=()):
         self.clock, self.failures, self.drained = clock, dict(failures or {}), drained
         self.left = list(left)  # holders the holders step reports and leaves (outside_units=report)
+        self.foreign = []  # another user's job that came during the cutover (outside_units=fail refuses it)
         self.costs = {"drain": 0.2, "stop_units": 0.3, "kill_holders": 0.05, "memory": 0.02, "start": 0.01, "wait_ready": 2.0, **(costs or {})}
         self.calls = []
         self.answers_by_unit, self.records = {}, {}
@@ -66,9 +67,12 @@ class Node(cutover.NodeOps):
         after = {"vllm.service": "failed"}
         return {"results": [{"unit": unit, "changed": unit in after, "state_after": {"ActiveState": after.get(unit, "inactive")}} for unit in units]}
 
-    def kill_holders(self, units, kept=()):
+    def kill_holders(self, units, kept=(), leave_foreign=False):
         self._step("kill_holders", tuple(units))
-        return {"killed": [], "terminated": [], "targets": [], "outside": [{"pid": pid, "comm": "train.py"} for pid in self.left]}
+        if self.foreign and not leave_foreign:  # outside_units=fail: refused, nothing signalled
+            raise Refused(f"1 process(es) hold the GPUs outside the units being stopped (pid {self.foreign[0]} of user alice)")
+        left = self.left + (self.foreign if leave_foreign else [])
+        return {"killed": [], "terminated": [], "targets": [], "outside": [{"pid": pid, "comm": "train.py"} for pid in left]}
 
     def memory(self, wait, left_pids=()):
         self._step("memory", wait)
@@ -433,6 +437,21 @@ def test_holders_reported_and_left_are_not_counted_by_either_memory_assertion_fo
     assert waits == [("memory", True, (4242, 4343))] * 2, "forward and rollback assertions both discount the left holders"
     before = [call for call in node.calls if call[:2] == ("memory", False)]
     assert before and all(len(call) == 2 for call in before), "the reading before the teardown counts everything"
+
+
+def test_another_users_job_that_came_during_the_cutover_is_left_by_the_rollback_which_brings_the_previous_engine_back():
+    """Found by the fault campaign (seed 6000): a job of another user appeared after the preflight, during the drain;
+    the teardown (outside_units=fail) refused it after the units stopped, and the rollback's teardown refused it again:
+    no engine at all. The rollback leaves it (reported, its memory not counted) and starts the previous engine."""
+    clock = Clock()
+    node = Node(clock)
+    node.foreign = [5150]
+    result = run(node, clock)
+    assert result["result"] == "rolled_back" and result["rollback_error"] is None
+    assert result["reason"].startswith("teardown: holders: 1 process(es) hold the GPUs outside the units being stopped")
+    assert ("start", "vllm.service") in node.calls and ("wait_ready", "vllm.service", 60) in node.calls
+    assert [call for call in node.calls if call[:2] == ("memory", True)] == [("memory", True, (5150,))], "its memory is not counted"
+    assert result["rollback_teardown"]["holders"]["outside"] == [{"pid": 5150, "comm": "train.py"}]
 
 
 REPLACE = {"source": "acme/Tiny-GGUF", "quant": "Q4_K_M", "dest": "/models/acme--Tiny-GGUF--Q4_K_M", "replace": "now",

@@ -145,7 +145,7 @@ class ParkingNode(Node):
         self._step("decide", tuple(units), tuple(kept))
         return {}
 
-    def kill_holders(self, units, kept=()):
+    def kill_holders(self, units, kept=(), leave_foreign=False):
         self._step("kill_holders", tuple(units), tuple(kept))
         return {"killed": [], "terminated": [], "targets": [], "outside": [], "kept": [{"pid": 77, "unit": unit} for unit in kept]}
 

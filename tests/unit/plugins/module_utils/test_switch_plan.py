@@ -106,6 +106,13 @@ def test_an_unchanged_node_forgets_a_parked_engine_that_is_parked_no_more():
     assert switch_plan.plan(settings(), found(parked=dead))["forget_parked"] is None
 
 
+def test_the_way_back_leaves_another_users_job_unless_the_operator_asked_to_kill_it():
+    """Seed 6000: the rollback refusing a job that came during the cutover left no engine."""
+    assert switch_plan.plan(settings(), found())["rollback_outside_units"] == "report"
+    assert switch_plan.plan(settings(outside_units="report"), found())["rollback_outside_units"] == "report"
+    assert switch_plan.plan(settings(outside_units="kill"), found())["rollback_outside_units"] == "kill"
+
+
 def test_an_engine_switched_in_place_is_backed_up_and_its_files_carry_the_staged_mark():
     steps = switch_plan.plan(settings(), found(found=["sglang"], serving=["sglang"], previous="sglang", files={"unit": ["ExecStart"]}))
     assert steps["in_place"] and steps["where"]["backup"] == "controller" and steps["prepare"]
