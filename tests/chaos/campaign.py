@@ -182,7 +182,10 @@ def main_pid(node: str, engine: str) -> int:
 
 
 class Fault:
-    """One fault of a run - on a node, or on the controller: inject() at its moment, undo() as the operator's recovery."""
+    """One fault of a run - on a node, or on the controller: inject() at its moment, undo() as the operator's recovery.
+    A node's two faults are injected one at a time (a restart must not cut the other's start short)."""
+
+    node_locks: dict[str | None, threading.Lock] = defaultdict(threading.Lock)
 
     def __init__(self, spec: schedule.Fault, playbook: Playbook | None, target: str, previous: dict[str, str | None]):
         self.spec, self.playbook, self.target = spec, playbook, target
@@ -298,7 +301,10 @@ class Fault:
                   f"for i in $(seq 50); do p=$(pgrep -n -u {user} -f '{wanted}'); h=$(pgrep -n -u {user} -f '[{name[0]}]{name[1:]}'); "
                   f"[ -n \"$p\" ] && [ -n \"$h\" ] && ls -l /proc/$h/fd | grep -q {device.rsplit('/', 1)[1]} && break; sleep 0.1; done; "
                   "echo $p $(cut -d' ' -f22 /proc/$p/stat)")
-        pid, start_time = self.run(script).stdout.split()
+        started = self.run(script).stdout.split()
+        if len(started) != 2:
+            raise RuntimeError(f"{name} did not start on {self.node} as {user}")
+        pid, start_time = started
         record = {"pid": int(pid), "start_time": int(start_time), "witness": witness, "respawns": respawn}
         self.run(f"echo {shlex.quote(json.dumps([record]))} > {record_file}")
         return record
@@ -443,7 +449,8 @@ def inject(fault: Fault) -> None:
     """The fault injected; a failure of the campaign's own injection is the run's record (and fails it), not a thread's
     traceback."""
     try:
-        fault.inject()
+        with Fault.node_locks[fault.node]:
+            fault.inject()
     except Exception as exc:  # noqa: BLE001 - any error of the campaign's own is reported with the run
         fault.error = f"{type(exc).__name__}: {exc}"
 
