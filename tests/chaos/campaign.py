@@ -626,6 +626,23 @@ def main(argv: list[str]) -> int:
             playbook.signal(signal.SIGKILL)
 
 
+def reset_lab() -> None:
+    """What a campaign cut short (Ctrl-C, a kill) left of its faults, undone before the first run: another user's jobs
+    and escaped workers (with their parents) ended, their records gone, faults cleared, stopped engines continued, a
+    full disk given room, sshd and the hub running. Signals sent here come before the first run's start."""
+    disks = "".join(f"if mountpoint -q {path}; then rm -f {path}/.chaos-fill; mkdir -p /run/chaos-keep{index}; "
+                    f"cp -a {path}/. /run/chaos-keep{index}/; umount {path}; cp -a /run/chaos-keep{index}/. {path}/; "
+                    f"rm -rf /run/chaos-keep{index}; fi; " for index, path in enumerate(FULL_DISKS))
+    script = ("pkill -KILL -u alice; pkill -KILL -f '[r]espawner.py'; pkill -KILL -f '[e]scaped-worker'; "
+              "rm -f /run/gpufleet-chaos/*.json /run/gpufleet-chaos/*.witness /run/gpufleet-chaos/*.pids; "
+              "echo '{}' > /etc/gpufleet-sim/faults.json; "
+              "for p in $(pgrep -f 'engine_double|sglang.launch_server'); do grep -q '^State:.*T' /proc/$p/status && kill -CONT $p; done; "
+              f"{disks}systemctl start ssh.service; true")
+    for node in NODES:
+        node_exec(node, script, timeout=120)
+        wait_reachable(node)
+
+
 def ensure_hubs() -> None:
     """Each node's model hub, as a unit enabled at boot (a node restart brings it back)."""
     for node in NODES:
@@ -634,6 +651,7 @@ def ensure_hubs() -> None:
 
 
 def campaign(seeds: list[int], out: Path) -> int:
+    reset_lab()
     ensure_hubs()
     results: list[dict] = []
     campaign_started = time.time()
