@@ -56,6 +56,7 @@ NODES = lab_nodes()
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 RUN_TIMEOUT = 900  # seconds a playbook may run before it counts as hung
 SETTLE_TIMEOUT = 120
+SETTLE_POLL = 6  # seconds between two reads of every node while something moves (a read costs each node a Python start)
 FOREIGN_FILE = "/run/gpufleet-chaos/foreign.json"  # read by node_state.py
 FOREIGN_WITNESS = "/run/gpufleet-chaos/alice.witness"
 ESCAPED_FILE = "/run/gpufleet-chaos/escaped.json"
@@ -412,7 +413,7 @@ def settle(since: float, timeout: float = SETTLE_TIMEOUT) -> dict[str, dict]:
         states = probe_all(since)
         if not any(busy(state) for state in states.values()) or time.monotonic() > deadline:
             return states
-        time.sleep(2)
+        time.sleep(SETTLE_POLL)
 
 
 def summary(states: dict[str, dict]) -> dict:
@@ -470,7 +471,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     playbook = Playbook(argv, logs / f"{run.seed}-run.log")
     second = None
     if operation == "overlap":
-        time.sleep(2)
+        time.sleep(SETTLE_POLL)
         second = Playbook(argv, logs / f"{run.seed}-overlap.log")
     for fault in faults:
         fault.playbook = playbook
