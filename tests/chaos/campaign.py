@@ -471,7 +471,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
     playbook = Playbook(argv, logs / f"{run.seed}-run.log")
     second = None
     if operation == "overlap":
-        time.sleep(SETTLE_POLL)
+        time.sleep(2)  # the second switch a moment after the first
         second = Playbook(argv, logs / f"{run.seed}-overlap.log")
     for fault in faults:
         fault.playbook = playbook
