@@ -441,6 +441,12 @@ def deliver(fault: Fault, operation: str) -> None:
         reached, fault.landed_phase = found[0], phases[found[1]][0]
     else:
         reached = fault.playbook.started
+    # the hub mid-download: once the node's download has begun (its .partial directory; the stage's first seconds are
+    # the hub's metadata and the room check, on each batch's own clock), a quarter of the drawn delay later
+    if (fault.kind == "hub_fail" and fault.landed_phase == "stage" and fault.node
+            and node_exec(fault.node, f"for i in $(seq 180); do [ -d {HUB_STAGED}.partial ] && exit 0; sleep 0.5; done; exit 1",
+                          timeout=120).returncode == 0):
+        reached = time.time() - fault.spec.delay * 0.75
     time.sleep(max(0.0, reached + fault.spec.delay - time.time()))
     if fault.playbook.process.poll() is None or fault.kind in schedule.WORLD_FAULTS:
         inject(fault)
