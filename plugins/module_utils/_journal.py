@@ -47,6 +47,7 @@ class Journal:
         self.wall = wall
         self.entries: list[dict] = []
         self._fd: int | None = None
+        self._cut = False  # the file ends in a line cut short
         self._subjects: dict[tuple[int, int], dict] = {}
 
     def open(self) -> Journal:
@@ -54,7 +55,10 @@ class Journal:
             return self
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            size = os.fstat(self._fd).st_size
+            # a line cut short before (a crash mid-write): the next one starts a line of its own, never glued to it
+            self._cut = size > 0 and os.pread(self._fd, 1, size - 1) != b"\n"
         except OSError as exc:
             raise JournalUnwritable(f"the signal journal {self.path} cannot be written ({exc.strerror or exc}): nothing was signalled. "
                                     "Give a writable journal_path", journal_path=self.path) from None
@@ -104,10 +108,15 @@ class Journal:
         if self.path is None:
             return
         self.open()
-        data = (json.dumps(line, sort_keys=True) + "\n").encode()
+        data = ("\n" if self._cut else "").encode() + (json.dumps(line, sort_keys=True) + "\n").encode()
         try:
-            if os.write(self._fd, data) != len(data):
+            size = os.fstat(self._fd).st_size
+            written = os.write(self._fd, data)
+            if written != len(data):
+                # a full disk takes part of a line: taken back, so that no later line is glued to the half one
+                os.ftruncate(self._fd, size)
                 raise OSError("short write")
+            self._cut = False
         except OSError as exc:
             raise JournalUnwritable(f"the signal journal {self.path} could not be written ({exc.strerror or exc}): "
                                     f"stopped before sending {line['signal']} to pid {line['pid']}", journal_path=self.path) from None

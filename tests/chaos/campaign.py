@@ -505,7 +505,9 @@ def one_run(run: schedule.Run, index: int) -> dict:
             violations += invariants.untouched(node, before[node], after_fault[node], any(fault.hit_engine for fault in on_node[node]))
         elif operation != "cleanup":
             before_here = invariants.serving(before[node])  # each node's own: a stopped rollout leaves them apart
-            allowed = tuple(dict.fromkeys([target, *before_here]))
+            # a node restarted starts the engine enabled at boot (a cleanup stops engines, it does not disable them)
+            rebooted = invariants.enabled_at_boot(before[node]) if after_fault[node]["boot_id"] != before[node]["boot_id"] else []
+            allowed = tuple(dict.fromkeys([target, *before_here, *rebooted]))
             violations += [f"after the fault: {problem}"
                            for problem in invariants.one_engine(node, after_fault[node], allowed, none_before=not before_here)]
     for fault in faults:

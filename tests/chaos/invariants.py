@@ -21,6 +21,11 @@ def parked(state: dict) -> list[str]:
                   if answer.get("completion") not in (200, 401) and (answer.get("sleeping") or engine in held))
 
 
+def enabled_at_boot(state: dict) -> list[str]:
+    """The engines whose unit starts at boot."""
+    return sorted(engine for engine, unit in state["units"].items() if unit.get("enabled") == "enabled")
+
+
 def one_engine(node: str, state: dict, allowed: tuple[str, ...], none_before: bool = False) -> list[str]:
     """Exactly one engine serves, and it is one of ``allowed``; a second one may only be parked. A node that served
     nothing before the run may still serve nothing after its fault (the rerun must bring the target up)."""

@@ -70,6 +70,10 @@ def test_one_engine_serving_is_the_promise_after_a_switch():
     # a node that served nothing before (a cleanup ran) may serve nothing after the fault; never two
     assert invariants.one_engine("node1", node(()), ("vllm",), none_before=True) == []
     assert invariants.one_engine("node1", node(("vllm", "sglang")), ("vllm",), none_before=True)
+    # seed 7401: a cleanup stops engines without disabling them; the node restarted then starts the one enabled at boot
+    enabled = node(("sglang",))
+    enabled["units"]["sglang"]["enabled"] = "enabled"
+    assert invariants.enabled_at_boot(enabled) == ["sglang"] and invariants.enabled_at_boot(node()) == []
 
 
 def test_a_check_changes_nothing_unless_the_fault_itself_hit_the_engine():

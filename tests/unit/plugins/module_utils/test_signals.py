@@ -168,3 +168,36 @@ def test_each_signals_intent_is_on_disk_before_the_signal_is_sent(procs, tmp_pat
     lines = read(journal.path, "run-42")
     assert [line["phase"] for line in lines] == ["intent", "outcome"] * len(witness.seen_before_send)
     assert {line["pid"] for line in lines} == {ignorer.pid, quitter.pid} and {line["module"] for line in lines} == {"gpu_holders_kill"}
+
+
+def test_a_line_a_full_disk_cut_short_is_taken_back_and_a_cut_line_is_never_glued_to(tmp_path):
+    """Found by the fault campaign (seed 7400): the journal's disk full, an intent line was written in part and the
+    signal refused - right - but the next run's intent line was glued to the half one, and no reader could parse it
+    (the signal it stood for looked unjournalled). A short write is taken back; a line found cut is ended first."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+
+    path = tmp_path / "signals.jsonl"
+    path.write_text(json.dumps({"phase": "intent", "pid": 7, "signal": "SIGTERM", "run_id": "before"}) + "\n")
+    size = path.stat().st_size
+    # a file size limit is a full disk to write(2): the part that fits is written, the rest refused
+    child = f"""
+import os, resource, signal
+from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, JournalUnwritable
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({size + 40}, {size + 40}))
+try:
+    Journal({str(path)!r}, "full", "gpu_holders_kill").intent(os.getpid(), 1, "SIGTERM", "kill")
+except JournalUnwritable as exc:
+    print(exc.msg)
+"""
+    refused = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(COLLECTIONS)})
+    assert "(short write): stopped before sending SIGTERM" in refused.stdout, refused.stderr
+    assert path.stat().st_size == size, "the part written was taken back"
+    Journal(str(path), "after", "gpu_holders_kill").intent(os.getpid(), 1, "SIGTERM", "kill")
+    assert [line["run_id"] for line in read(str(path))] == ["before", "after"]
+    # a line cut by a crash mid-write (no room taken back): the next line starts on a line of its own
+    with path.open("a") as journal_file:
+        journal_file.write('{"phase": "intent", "pid": 9, "sig')
+    Journal(str(path), "later", "gpu_holders_kill").intent(os.getpid(), 1, "SIGKILL", "kill")
+    assert [line["run_id"] for line in read(str(path))] == ["before", "after", "later"]
