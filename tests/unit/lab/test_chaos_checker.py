@@ -40,7 +40,7 @@ def test_a_seed_stands_for_one_run_and_a_replay_draws_it_again():
         assert run.operation in schedule.OPERATIONS
         # two faults of their own on each node, of two kinds, in the node's world; at most one on the controller, the run's
         on_nodes = len(schedule.NODES) * schedule.FAULTS_PER_NODE
-        assert [fault.where for fault in run.faults][:on_nodes] == [node for node in schedule.NODES for _ in range(schedule.FAULTS_PER_NODE)]
+        assert [fault.where for fault in run.faults][:on_nodes] == [node for node in schedule.NODES for _draw in range(schedule.FAULTS_PER_NODE)]
         for node in schedule.NODES:
             kinds = {fault.kind for fault in run.faults if fault.where == node}
             assert len(kinds) == schedule.FAULTS_PER_NODE and kinds <= set(schedule.NODE_FAULTS)
