@@ -67,7 +67,7 @@ bench-fleet:
 
 # A seeded fault campaign (tests/chaos/campaign.py, docs/testing.md) on a lab of its own (CHAOS_NODES nodes), kept
 # between campaigns (make chaos-down removes it): RUNS runs from SEED, or the runs of SEEDS (a replay of the seeds a
-# campaign printed, on a lab of the same size). A fault on each node of every run, and on a third of them the
+# campaign printed, on a lab of the same size). Two faults on each node of every run, and on a third of them the
 # controller's: 2-8 minutes a run of 5 nodes on 2 cores. Its JSON: build/chaos-runs/, or OUT=docs/results/...
 CHAOS_LAB := GPUFLEET_LAB=chaos GPUFLEET_LAB_PORT=2621
 CHAOS_NODES ?= 3
