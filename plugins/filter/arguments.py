@@ -23,7 +23,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers as _answers
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _engines
 

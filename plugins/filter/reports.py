@@ -31,5 +31,6 @@ class FilterModule:
     def filters(self):
         return {name: _clear_errors(getattr(_reports, name)) for name in (
             "teardown_host_report", "teardown_run_report", "teardown_table", "teardown_run_steps",
-            "switch_host_report", "switch_run_report", "switch_table", "merge_run_reports", "not_reached_report", "failure_reason", "stage_record")} | {
+            "switch_host_report", "switch_failed", "switch_run_report", "switch_table", "merge_run_reports", "not_reached_report", "failure_reason",
+            "stage_record")} | {
             "report_html": _html_report.page}

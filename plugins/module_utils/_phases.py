@@ -5,8 +5,8 @@
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
 """The one description of a switch's phases: their order, which of them the node-local cutover runs, and which of
-those it can take over from the controller's own tasks. The planner (_switch_plan) decides where each runs, the cutover
-(_cutover) enters them in this order, and the report (plugin_utils/_reports) keys each node's durations by them."""
+those it can take over from the controller's own tasks. The planner (plugin_utils/_switch_plan) decides where each runs, the cutover
+(_switch/cutover) enters them in this order, and the report (plugin_utils/_reports) keys each node's durations by them."""
 
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ import signal
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, Error, InvalidInput, Refused
-from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcessIdentity, ProcReader, describe
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, survivor_report
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
 UNIT_NAME_MAX = 255  # systemd's UNIT_NAME_MAX is 256 with the terminating NUL

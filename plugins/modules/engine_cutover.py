@@ -9,13 +9,12 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
-from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import metrics, parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, cutover_node
 
 try:
     import pynvml
@@ -59,7 +58,7 @@ ARGUMENT_SPEC = dict(
     prewarm_margin_mib=dict(type="int", default=8192),
     clear_paths=dict(type="list", elements="path", default=[]),
     release_lease=dict(type="bool", default=False),
-    lease_name=dict(type="str", default="switch_engine"),
+    lease_name=dict(type="str", default=paths.LEASE_NAME),
     lease_owner=dict(type="str"),
     lease_seconds=dict(type="float", default=3600),
     journal_path=dict(type="str", default=journal.DEFAULT_PATH),
@@ -70,7 +69,7 @@ ARGUMENT_SPEC = dict(
     evict=dict(type="bool", default=False),
     park_timeout=dict(type="float", default=120),
     target_memory_fraction=dict(type="float"),
-    parked_path=dict(type="str", default=park.RECORD_PATH),
+    parked_path=dict(type="str", default=parked.RECORD_PATH),
     metrics_dir=dict(type="str"),
     metrics_state_path=dict(type="str", default=metrics.STATE_PATH),
     metrics_versions=dict(type="dict", default={}),
@@ -79,7 +78,7 @@ ARGUMENT_SPEC = dict(
     answer_check=dict(type="dict", options=dict(
         expectations=dict(type="list", elements="dict", default=[]),
         tolerance=dict(type="float", default=0.05),
-        record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
+        record_dir=dict(type="str", default=paths.ANSWERS_DIR),
         refresh=dict(type="bool", default=False),
         versions=dict(type="dict", default={}),
         degenerate_check=dict(type="bool", default=True),
@@ -94,7 +93,7 @@ def main() -> None:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     try:
         request = cutover_node.request_from_params(module.params)
-        node = cutover_node.Node(module, module.params, ProcReader(), lambda: pynvml)
+        node = cutover_node.CutoverNode(module, module.params, ProcReader(), lambda: pynvml)
         if module.check_mode:
             module.exit_json(longest_run=request.longest_run, **cutover_node.plan(request, node.systemctl))
         result = cutover_node.run(module.params, request, node)

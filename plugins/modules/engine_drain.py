@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
 ARGUMENT_SPEC = dict(

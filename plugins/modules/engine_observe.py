@@ -12,15 +12,15 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
-from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils import _versions as versions
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import observe, readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import owner_uid
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import DEFAULT_DEVICE_GLOBS
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import owner_uid
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
 
 ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
@@ -33,13 +33,13 @@ ARGUMENT_SPEC = dict(
     users=dict(type="list", elements="str", default=[]),
     devices=dict(type="list", elements="path", default=[]),
     timeout=dict(type="float", default=10),
-    lease=dict(type="dict", options=dict(name=dict(type="str", default="switch_engine"), owner=dict(type="str", required=True),
+    lease=dict(type="dict", options=dict(name=dict(type="str", default=paths.LEASE_NAME), owner=dict(type="str", required=True),
                                          lease_seconds=dict(type="float", required=True), break_owner=dict(type="str"))),
-    record_path=dict(type="str", default="/var/lib/gpufleet-serving/last_cutover.json"),
-    parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
+    record_path=dict(type="str", default=paths.LAST_CUTOVER),
+    parked_path=dict(type="str", default=paths.PARKED_RECORD),
     sizes=dict(type="list", elements="path", default=[]),
-    park_history_path=dict(type="str", default="/var/lib/gpufleet-serving/park_history.json"),
-    answer_record_dir=dict(type="str", default="/var/lib/gpufleet-serving/answers"),
+    park_history_path=dict(type="str", default=paths.PARK_HISTORY),
+    answer_record_dir=dict(type="str", default=paths.ANSWERS_DIR),
     owners=dict(type="list", elements="str", default=[]),
     device_paths=dict(type="list", elements="str", default=list(DEFAULT_DEVICE_GLOBS)),
 )
@@ -121,7 +121,7 @@ def main() -> None:
         result["files"] = files.compare([files.WantedFile.from_params(item) for item in module.params["files"]])
         result["last_cutover"] = observe.last_cutover(module.params["record_path"])
         # what a park decides from: the engine parked now, the host's memory, the weights a park would keep there
-        result["parked"] = observe.parked(module.params["parked_path"], result["engines"])
+        result["parked"] = observe.parked_engine(module.params["parked_path"], result["engines"])
         result["host"] = observe.host_memory()
         result["sizes"] = {path: observe.weights_bytes(path) for path in module.params["sizes"]}
         result["park_history"] = observe.park_history(module.params["park_history_path"])

@@ -9,9 +9,8 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import preflight, preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl, restart_policy_reader, systemd_runs
 
 try:

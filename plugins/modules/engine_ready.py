@@ -9,8 +9,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl

@@ -11,8 +11,8 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
 
 try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _haproxy as haproxy
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import haproxy
 
 ARGUMENT_SPEC = dict(
     socket=dict(type="path", required=True),

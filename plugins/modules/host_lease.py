@@ -9,8 +9,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
 
 ARGUMENT_SPEC = dict(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import stage_node
 
 ARGUMENT_SPEC = stage_node.OPTIONS
 

@@ -10,12 +10,13 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
-from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
-from ansible_collections.gpufleet.serving.plugins.module_utils import _teardown_node as teardown_node
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown import run as teardown_run
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.node import TeardownNode
 
 try:
     import pynvml
@@ -29,11 +30,11 @@ ARGUMENT_SPEC = dict(
     units=dict(type="list", elements="str", default=[]),
     kept_units=dict(type="list", elements="str", default=[]),
     keep_parked=dict(type="bool", default=False),
-    parked_path=dict(type="str", default="/var/lib/gpufleet-serving/parked.json"),
+    parked_path=dict(type="str", default=paths.PARKED_RECORD),
     metrics_dir=dict(type="str"),
-    metrics_state_path=dict(type="str", default="/var/lib/gpufleet-serving/metrics.json"),
+    metrics_state_path=dict(type="str", default=paths.METRICS_STATE),
     owners=dict(type="list", elements="str", default=[]),
-    steps=dict(type="list", elements="str", default=list(teardown_node.STEPS)),
+    steps=dict(type="list", elements="str", default=list(teardown_run.STEPS)),
     measure_before=dict(type="bool", default=True),
     stop_timeout=dict(type="float", default=90),
     kill_timeout=dict(type="float", default=30),
@@ -51,7 +52,7 @@ ARGUMENT_SPEC = dict(
     expected_gpu_count=dict(type="int"),
     settle=dict(type="float", default=0.25),
     lease=dict(type="bool", default=True),
-    lease_name=dict(type="str", default=teardown_node.LEASE_NAME),
+    lease_name=dict(type="str", default=paths.LEASE_NAME),
     lease_wait=dict(type="float", default=0),
     break_owner=dict(type="str"),
     run_id=dict(type="str"),
@@ -66,9 +67,9 @@ def main() -> None:
     parent = os.getppid()
     module.params["run_id"] = module.params["run_id"] or journal.new_run_id("node_teardown")
     try:
-        node = cutover_node.Node(module, module.params, ProcReader(), lambda: pynvml, caller="node_teardown")
+        node = TeardownNode(module, module.params, ProcReader(), lambda: pynvml, caller="node_teardown")
         # a wait for the lease whose controller was interrupted must not take it later for a run that no longer exists
-        result = teardown_node.run(module.params, node, module.check_mode, still_wanted=lambda: not requester_gone(parent=parent))
+        result = teardown_run.run(module.params, node, module.check_mode, still_wanted=lambda: not requester_gone(parent=parent))
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)
     if result["result"] != "done":  # failed, or lease_held: another run holds the node (nothing was touched)

@@ -9,10 +9,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 
 ARGUMENT_SPEC = dict(

@@ -22,7 +22,7 @@ import json
 import posixpath
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._staging import GGUF_MODEL_FILE, hub_quant
+from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import GGUF_MODEL_FILE, hub_quant
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
 

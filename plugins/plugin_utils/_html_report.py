@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 from datetime import datetime
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _reports
 
 # phase -> (colour, label); the order is the legend's
@@ -38,7 +39,7 @@ PHASES = {
     "soak": ("#b7e4c7", "soak (serving, watched)"),
 }
 QUIET_PHASES = ("lease", "discover", "backup", "plan", "boot")  # drawn thin and grey: bookkeeping, no disruption
-FAILED_RESULTS = ("failed", "rolled_back", "rollback_failed", "unreachable", "preflight_failed")
+FAILED_RESULTS = results.NOT_DONE
 RESULT_COLOURS = {"switched": "#27ae60", "unchanged": "#6fcf97", "would_switch": "#2f80ed", "ok": "#27ae60",
                   "rolled_back": "#f2994a", "preflight_failed": "#f2c94c", "rollback_failed": "#b00020", "failed": "#eb5757",
                   "unreachable": "#b00020", "not_reached": "#bdbdbd"}

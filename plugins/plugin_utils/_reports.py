@@ -14,21 +14,21 @@ from __future__ import annotations
 import datetime
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
+from ansible_collections.gpufleet.serving.plugins.module_utils._results import NOT_REACHED, PREFLIGHT_FAILED, ROLLED_BACK, SWITCHED
 
 SCHEMA_VERSION = 1  # keys are only ever added within a version (0.2.0 added preflight, prewarm, plan, phases, downtime, fleet)
 CMDLINE_WIDTH = 60
 
-# switch_engine results, per host (would_switch: check mode's plan; preflight_failed: left serving as it was)
-SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED = (
-    "switched", "unchanged", "would_switch", "preflight_failed", "rolled_back", "rollback_failed", "failed", "unreachable", "not_reached")
-SWITCH_RESULTS = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLLBACK_FAILED, FAILED, UNREACHABLE, NOT_REACHED)
-SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
+# switch_engine results, per host (module_utils/_results.py: the report's words)
+SWITCH_RESULTS = results.SWITCH
+SWITCH_SUCCESSES = results.SWITCH_SUCCESSES
 # the phases of a switch, in order (module_utils/_phases.py); a host's durations are keyed by them
 PHASES = phases.SWITCH
 # the node serves no one from leaving rotation to the end of joining it again: its downtime, in these parts
 DOWNTIME_PARTS = phases.DOWNTIME
 # gpu_cleanup results, per host
-TEARDOWN_RESULTS = ("ok", "failed", "not_reached")
+TEARDOWN_RESULTS = results.TEARDOWN
 # gpu_teardown's steps, in order, as its record names them
 TEARDOWN_STEPS = ("before", "units", "holders", "after")
 NOT_IN_LIMIT = "not in this run's --limit: left as it was, not contacted"
@@ -366,6 +366,15 @@ def _other_runs(last: dict | None, run_id: str | None) -> dict | None:
     return {key: last.get(key) for key in ("run_id", "target", "previous", "result", "reason")} | {"finished": _iso(last.get("finished"))}
 
 
+def switch_failed(report: dict | None, check_mode: bool = False) -> bool:
+    """Whether a node's switch failed - the verdict the role and the playbook fail it by: a result other than switched,
+    unchanged or would_switch; in check mode a failed preflight is the node's plan, not a failure. No report: the node
+    was not reached by the role (nothing to fail it for here)."""
+    if not report:
+        return False
+    return report.get("result") not in SWITCH_SUCCESSES and not (check_mode and report.get("result") == PREFLIGHT_FAILED)
+
+
 def switch_host_report(record: dict) -> dict:
     """The switch_engine record of one host, from what the switch_engine role noted while it ran.
 
@@ -473,7 +482,7 @@ def standby_lines(report: dict, planned: bool) -> list[str]:
     lines = []
     previous = report.get("from")
     # refused or failed before the drain: nothing was parked, woken or evicted
-    acted = planned or report.get("result") in ("switched", "rolled_back", "rollback_failed")
+    acted = planned or report.get("result") in results.ACTED
     if acted and standby.get("path") == "wake":
         took = f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""
         lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}{took}")

@@ -8,13 +8,14 @@
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._staging import hub_quant, parse_source, progress_path
+from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import hub_quant, parse_source, progress_path
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
 # preflight_failed and failed: the cutover's preflight or its files stopped it before the drain (nothing was stopped)
-CUTOVER_RESULTS = ("switched", "rolled_back", "rollback_failed", "preflight_failed", "failed")
+CUTOVER_RESULTS = results.CUTOVER
 
 
 class SwitchError(ValueError):
@@ -91,9 +92,10 @@ def observe_requests(engines: dict, names: list, target: str) -> list:
     return requests
 
 
-def observed(result: dict, names: list) -> dict:
+def observed(result: dict, names: list, target: str | None = None) -> dict:
     """What the switch keeps of engine_observe's answer, by engine name in the order of ``names``: found (running),
-    enabled, installed, serving; commands (the argv of each running engine) and versions (by executable)."""
+    enabled, installed, serving; commands (the argv of each running engine) and versions (by executable); with the
+    ``target``, the previous engine (the planner's previous_engine)."""
     engines = result.get("engines") or {}
     missing = [name for name in names if name not in engines]
     if missing:
@@ -106,14 +108,15 @@ def observed(result: dict, names: list) -> dict:
     def having(key: str) -> list:
         # a parked engine's unit is installed and enabled as any other; it is not found running nor serving
         return [name for name in names if engines[name].get(key) and (name != parked_engine or key in ("installed", "enabled"))]
-    return {"found": having("running"), "parked": parked or None, "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
+    return {"found": having("running"), "previous": switch_plan.previous_engine(having("running"), target) if target else None,
+            "parked": parked or None, "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
             "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
             "versions": {name: dict(engines[name].get("versions") or {}) for name in names},
             "paths": dict(result.get("paths") or {})}
 
 
 def switch_steps(settings: dict, found: dict) -> dict:
-    """The planner's decisions for this node (module_utils/_switch_plan.py: plan), from the role's settings and what the
+    """The planner's decisions for this node (plugin_utils/_switch_plan.py: plan), from the role's settings and what the
     engines' read found; ``found['observed']`` is engine_observe's answer, for whether the target's user is ready."""
     found = dict(found)
     observed = found.pop("observed", None) or {}

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "collections"))  # linked by make setup
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._stage_node import merge_parts  # noqa: E402
+from ansible_collections.gpufleet.serving.plugins.module_utils._models.stage_node import merge_parts  # noqa: E402
 
 TENSOR_MIB = 64
 

@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "collections"))  # linked by make setup
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import HolderScanner, device_nodes  # noqa: E402
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader  # noqa: E402
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import HolderScanner, device_nodes  # noqa: E402
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader  # noqa: E402
 
 SIZES = [(20, 10), (2000, 10), (2000, 30)]  # (processes, fds each): 200, 20,000 and 60,000 descriptors
 HOLDERS = 8

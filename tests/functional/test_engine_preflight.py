@@ -181,7 +181,7 @@ def test_a_gguf_models_loader_is_checked_in_the_engines_own_python(tmp_path):
     """The probe runs in the interpreter the engine's entry point names (its #! line): this one has the gguf package but
     no vLLM, so the check fails naming vllm-gguf-plugin; one without gguf names gguf too (python -I with an empty path)."""
     pytest.importorskip("gguf")
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch import preflight_node
 
     script = tmp_path / "vllm"
     script.write_text(f"#!{sys.executable}\nprint('0.33.0')\n")

@@ -18,10 +18,10 @@ import psutil
 import pytest
 from conftest import COLLECTIONS, HELPER, REPO, alive, is_stopped, remove_cgroup, run_module, start_module, stop, wait_for
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import PROTECTED_DAEMONS
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller
 
 MODULE = "gpu_holders_kill"
 

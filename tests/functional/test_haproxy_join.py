@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _haproxy as haproxy
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import haproxy
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is installed by make setup")
 

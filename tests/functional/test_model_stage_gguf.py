@@ -170,7 +170,7 @@ def test_a_tokenizer_is_staged_without_its_models_weights(tmp_path, quant_hub):
     sizes; a rerun finds them complete."""
     pytest.importorskip("huggingface_hub")
     _repository, endpoint, log = quant_hub
-    from ansible_collections.gpufleet.serving.plugins.module_utils._staging import TOKENIZER_FILES
+    from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import TOKENIZER_FILES
 
     dest = tmp_path / "models" / "acme--tiny-base--tokenizer"
     args = {"source": "acme/tiny-base", "files": TOKENIZER_FILES, "files_optional": True, "dest": str(dest), "endpoint": endpoint,
@@ -250,7 +250,7 @@ def test_only_a_model_staged_under_the_models_root_can_be_replaced(tmp_path, qua
 
 def test_a_merge_says_how_far_it_got(split_gguf, tmp_path, monkeypatch):
     """The merge writes its bytes and rate where the switch's wait reads them (step: merge), as a download does."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils._models import stage_node
 
     monkeypatch.setattr(stage_node, "PROGRESS_SECONDS", 0.0)
     monkeypatch.setattr(stage_node, "MERGE_CHUNK", 64)

@@ -1,6 +1,6 @@
 """An independent witness of the signals a lab process receives: who sent which signal, when, written by the receiver.
 
-The collection journals every signal it sends (plugins/module_utils/_journal.py); the fault campaign (tests/chaos)
+The collection journals every signal it sends (plugins/module_utils/_processes/journal.py); the fault campaign (tests/chaos)
 compares that journal with what the processes themselves saw. A Python signal handler cannot see the sender, so the
 witness blocks the signals it watches in every thread and takes them with sigwaitinfo(2) in a thread of its own, which
 gives the sender's pid and uid. SIGKILL and SIGSTOP cannot be caught: their witnesses are death and the stopped state.

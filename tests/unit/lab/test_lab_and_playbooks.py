@@ -320,7 +320,7 @@ def test_the_doubles_answer_from_the_model_they_serve_and_their_faults_spoil_it(
     import engine_cli
     import engine_double
 
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
 
     for name, seed in (("a", b"\1"), ("b", b"\2")):
         (tmp_path / name).mkdir()

@@ -8,7 +8,7 @@ import sys
 
 from conftest import REPO
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import metrics
 
 sys.path.insert(0, str(REPO / "tests" / "tools"))
 import dashboard  # noqa: E402

@@ -592,3 +592,12 @@ def test_a_node_ssh_never_reached_is_not_reached_and_one_lost_mid_run_failed():
     broken = {"failed": False, "msg": "Unsupported parameters for (gpufleet.serving.node_teardown) module: colour"}
     report = reports.teardown_host_report(reports.teardown_run_steps(broken, True))
     assert report["result"] == "failed" and "colour" in report["reason"] and report["check_mode"]
+
+
+@pytest.mark.parametrize(("result", "check_mode", "failed"), [
+    ("switched", False, False), ("unchanged", False, False), ("would_switch", True, False),
+    ("preflight_failed", True, False), ("preflight_failed", False, True),
+    ("rolled_back", False, True), ("rollback_failed", False, True), ("failed", True, True), ("unreachable", False, True)])
+def test_one_verdict_fails_a_node_for_the_role_and_the_playbook_alike(result, check_mode, failed):
+    assert reports.switch_failed({"result": result}, check_mode) is failed
+    assert reports.switch_failed(None, check_mode) is False, "a node the role never reached has no report to fail it by"

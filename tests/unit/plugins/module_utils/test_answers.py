@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
 PARIS = answers.Answer("The capital of France is", " Paris, the city of light.", [" Paris", ",", " the", " city", " of", " light", "."],

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, preflight
 
 VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
 SGLANG = cutover.Engine("sglang", "sglang.service", "http://127.0.0.1:30000", "m", ready_timeout=30)
@@ -313,8 +312,8 @@ def test_a_target_that_crashes_in_its_soak_is_rolled_back_with_the_soaks_record(
 def test_the_cutover_clears_its_marks_and_gives_the_lease_back_only_when_it_ended_with_an_engine_serving(tmp_path):
     """engine_cutover's last step on a real lease file and real marks: the lease given back however the cutover
     ended, the mark cleared only when an engine serves; neither when not asked."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as engine_cutover
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
+    from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover_node as engine_cutover
 
     store = lease.LeaseStore("switch_engine", str(tmp_path))
     mark = tmp_path / "staged"
@@ -343,9 +342,9 @@ def test_the_cutover_leaves_the_node_a_record_of_how_it_ended_for_the_next_run(t
     it ended and when - written whole, whatever the result; an unwritable one is noted, never a failure."""
     import json
 
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as engine_cutover
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import observe
+    from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover_node as engine_cutover
 
     store = lease.LeaseStore("switch_engine", str(tmp_path))
     path = tmp_path / "state" / "last_cutover.json"
@@ -586,7 +585,7 @@ def test_a_null_in_a_nested_option_is_an_option_not_given():
     """A switch from a node where no engine served (after a cleanup) passed the preflight's way back as
     {engine: null, ...}: refused as 'value of engine must be one of: vllm, sglang, got: None' and the cutover never ran
     (switch_park's answers case found it). A null is a key not given, at every depth."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover_node
 
     request = cutover_node.preflight_request({"engine": "vllm", "model": "/m", "port": 8000, "checks": ["model"],
                                               "previous": {"engine": None, "memory_fraction": None, "gpus_needed": 1, "visible_devices": None}})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseStore
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._node.lease import LeaseStore
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import requester_gone
 
 
@@ -204,7 +204,7 @@ def test_a_lease_changing_hands_waits_for_the_work_its_last_holder_left_running(
     import os
 
     from ansible_collections.gpufleet.serving.plugins.module_utils._errors import LockTimeout
-    from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseRequest, take
+    from ansible_collections.gpufleet.serving.plugins.module_utils._node.lease import LeaseRequest, take
 
     leases, _clock = store
     leases.acquire("interrupted-run", 600, 0)
@@ -233,7 +233,7 @@ def test_a_lease_given_back_while_its_work_still_runs_is_taken_only_once_that_wo
     import os
 
     from ansible_collections.gpufleet.serving.plugins.module_utils._errors import LockTimeout
-    from ansible_collections.gpufleet.serving.plugins.module_utils._lease import LeaseRequest, take
+    from ansible_collections.gpufleet.serving.plugins.module_utils._node.lease import LeaseRequest, take
 
     leases, _clock = store
     leases.acquire("cut-off-run", 600, 0)

@@ -9,7 +9,7 @@ import re
 from conftest import REPO
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import metrics
 
 MARKS = [["drain", 100.0], ["park", 100.5], ["teardown", 100.8], ["bring_up", 101.2], ["soak", 103.0], ["end", 106.0]]
 TEARDOWN = {"holders": {"signals": [{"pid": 1, "signal": "SIGTERM", "result": "sent"}, {"pid": 1, "signal": "SIGKILL", "result": "sent"},

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _observe as observe
-from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import observe
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import parse_show_units
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 
 SHOW = """Id=vllm.service
 LoadState=loaded
@@ -76,6 +76,9 @@ def test_a_running_engine_that_does_not_answer_is_found_but_not_serving_and_a_mi
     kept = _switch.observed(found, ["vllm", "sglang"])
     assert kept["found"] == ["vllm"] and kept["serving"] == [] and kept["installed"] == ["vllm"] and kept["enabled"] == ["vllm"]
     assert kept["commands"] == {"vllm": found["engines"]["vllm"]["argv"]} and kept["versions"]["sglang"] == {}
+    assert kept["previous"] is None, "no target given: no previous engine chosen"
+    assert _switch.observed(found, ["vllm", "sglang"], "sglang")["previous"] == "vllm"
+    assert _switch.observed(found, ["vllm", "sglang"], "vllm")["previous"] == "vllm", "in place"
 
 
 @pytest.mark.parametrize(("params", "message"), [

@@ -9,10 +9,11 @@ import json
 import pytest
 from test_cutover import SGLANG, UNITS, VLLM, Clock, Node
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
-from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 
 VLLM_SLEEPS = ("/opt/vllm/bin/vllm", "serve", "/models/m", "--enable-sleep-mode")
 SGLANG_SAVES = ("/opt/sglang/bin/python", "-m", "sglang.launch_server", "--enable-memory-saver", "--enable-weights-cpu-backup")
@@ -48,31 +49,31 @@ def test_the_room_checks_give_their_figures():
 
 def test_a_parked_engine_is_the_units_invocation_that_parked(tmp_path):
     path = tmp_path / "parked.json"
-    assert park.read_record(str(path)) is None
+    assert parked.read_record(str(path)) is None
     path.write_text("{not json")
-    assert park.read_record(str(path)) is None, "an unreadable record parks nothing"
+    assert parked.read_record(str(path)) is None, "an unreadable record parks nothing"
     record = {"engine": "vllm", "unit": "vllm.service", "invocation_id": "abc"}
     path.write_text(json.dumps(record))
-    assert park.read_record(str(path)) == record
-    assert park.alive(record, {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
-    assert park.alive(record, {"ActiveState": "active", "InvocationID": "def"}) == (
+    assert parked.read_record(str(path)) == record
+    assert parked.alive(record, {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
+    assert parked.alive(record, {"ActiveState": "active", "InvocationID": "def"}) == (
         False, "the parked vllm was restarted since it parked (vllm.service has another invocation)")
-    assert park.alive(record, {"ActiveState": "failed"}) == (False, "the parked vllm died (vllm.service is failed)")
-    assert park.remove_record(str(path)) and not path.exists()
+    assert parked.alive(record, {"ActiveState": "failed"}) == (False, "the parked vllm died (vllm.service is failed)")
+    assert parked.remove_record(str(path)) and not path.exists()
 
 
 def test_after_a_node_restart_the_parked_engine_is_gone_because_the_boot_changed():
     """A record of this boot is judged by the unit; one of another boot says the node restarted, not that the engine
     died - even where systemd restarted the unit since (it serves cold: it is no parked engine)."""
     record = {"engine": "vllm", "unit": "vllm.service", "invocation_id": "abc", "boot_id": "boot-1"}
-    assert park.alive(record, {"ActiveState": "active", "InvocationID": "abc"}, boot="boot-1") == (True, None)
+    assert parked.alive(record, {"ActiveState": "active", "InvocationID": "abc"}, boot="boot-1") == (True, None)
     restarted = (False, "the node restarted since vllm parked (another boot): a parked engine does not outlive a restart")
-    assert park.alive(record, {"ActiveState": "inactive"}, boot="boot-2") == restarted
-    assert park.alive(record, {"ActiveState": "active", "InvocationID": "xyz"}, boot="boot-2") == restarted
+    assert parked.alive(record, {"ActiveState": "inactive"}, boot="boot-2") == restarted
+    assert parked.alive(record, {"ActiveState": "active", "InvocationID": "xyz"}, boot="boot-2") == restarted
     older = {key: value for key, value in record.items() if key != "boot_id"}
-    assert park.alive(older, {"ActiveState": "inactive"}, boot="boot-2")[1] == "the parked vllm died (vllm.service is inactive)", (
+    assert parked.alive(older, {"ActiveState": "inactive"}, boot="boot-2")[1] == "the parked vllm died (vllm.service is inactive)", (
         "a record written before boot ids were kept is judged as before")
-    assert park.alive(dict(record, boot_id=park.boot_id()), {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
+    assert parked.alive(dict(record, boot_id=parked.boot_id()), {"ActiveState": "active", "InvocationID": "abc"}) == (True, None)
 
 
 def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS, version="0.33.0", available=200 * 2**30, park_history=None,
@@ -104,11 +105,11 @@ def test_the_planner_parks_where_the_engine_and_the_host_allow_and_says_why_not_
 
 
 def test_the_planner_checks_each_gpu_by_what_the_engines_last_park_left_before_anything_is_drained():
-    history = park.remembered({}, "vllm", {"leftover_mib": {"0": 30000}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
+    history = parked.remembered({}, "vllm", {"leftover_mib": {"0": 30000}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
     found = plan(park_history=history)["park"]
     assert found["previous"] == "stop" and found["reason"].startswith("GPU 0: the target's 0.898 x 100000 MiB + 30000 MiB"), (
         "the target's memory fraction is its engine's default: SGLang's most (0.898 of 100000 MiB) is judged")
-    light = park.remembered({}, "vllm", {"leftover_mib": {"0": 600}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
+    light = parked.remembered({}, "vllm", {"leftover_mib": {"0": 600}, "gpus": [{"index": 0, "total_mib": 100000}], "seconds": 0.6})
     assert plan(park_history=light)["park"]["previous"] == "park"
     engines_fraction = plan(park_history=history, target_fraction=0.9)["park"]
     assert engines_fraction["previous"] == "stop" and engines_fraction["reason"] == (
@@ -129,7 +130,8 @@ def test_the_planner_wakes_the_parked_target_evicts_a_changed_one_and_starts_col
     assert other["evict"], "at most one engine parked per node"
     dead = plan(previous="sglang", parked=dict(parked_vllm, alive=False, reason="the parked vllm died (vllm.service is failed)"),
                 target="vllm", argv=SGLANG_SAVES)["park"]
-    assert not dead["wake"] and not dead["evict"] and dead["cold_reason"] == "the parked vllm died (vllm.service is failed)"
+    assert not dead["wake"] and dead["cold_reason"] == "the parked vllm died (vllm.service is failed)"
+    assert dead["evict"], "the record of a parked engine that died goes with the cutover (the planner's one answer; the role widens nothing)"
 
 
 class ParkingNode(Node):
@@ -239,8 +241,7 @@ def test_a_park_request_is_checked():
 
 
 def test_a_parked_engines_processes_are_kept_never_signalled_nor_foreign():
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders as holders
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders, holders_kill
 
     request = holders_kill.KillRequest(gpus=None, device_paths=["/dev/nvidia*"], sources=["proc"], protected=[], protected_pids=[],
                                        term_timeout=1, kill_timeout=1, max_targets=8, kill_ambiguous=False, nvml_timeout=1, lock_timeout=1,
@@ -282,14 +283,14 @@ def test_a_parked_engine_is_held_from_systemds_restarts_until_a_switch_starts_or
     unit's start is held while it is parked, and released by whatever starts it or stops keeping it."""
     from pathlib import Path
 
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover_node as cutover_node
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _teardown_node as teardown_node
-    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover_node
+    from ansible_collections.gpufleet.serving.plugins.module_utils._teardown import run as teardown_node
 
     record_path = tmp_path / "parked.json"
-    holds = Path(park.hold_dir(str(record_path)))
+    holds = Path(parked.hold_dir(str(record_path)))
     host = RecordingHost(holds)
-    node = cutover_node.Node(host, {"parked_path": str(record_path), "journal_path": "", "run_id": "run-1"}, ProcReader(), None)
+    node = cutover_node.CutoverNode(host, {"parked_path": str(record_path), "journal_path": "", "run_id": "run-1"}, ProcReader(), None)
 
     def held():
         return sorted(p.name for p in holds.iterdir()) if holds.is_dir() else []
@@ -305,20 +306,24 @@ def test_a_parked_engine_is_held_from_systemds_restarts_until_a_switch_starts_or
     assert held() == [] and not record_path.exists()
     # a teardown that stops the parked engine forgets it: the operator's own start of it later is not skipped
     node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
-    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, teardown_node.Units(["vllm.service"]), ())
+    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, ["vllm.service"], ())
     assert held() == [] and not record_path.exists()
     node.record_parked({"engine": "vllm", "unit": "vllm.service"}, {})
-    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, teardown_node.Units(["vllm.service"]), ("vllm.service",))
+    teardown_node.forget_evicted({"parked_path": str(record_path), "steps": ["units"]}, ["vllm.service"], ("vllm.service",))
     assert held() == ["vllm.service"], "kept parked: still held"
-    assert park.hold_dir(park.RECORD_PATH) == park.HOLD_DIR
+    assert parked.hold_dir(parked.RECORD_PATH) == parked.HOLD_DIR
 
 
 def test_the_engine_unit_skips_its_start_while_the_node_holds_it():
     from pathlib import Path
 
+    from ansible_collections.gpufleet.serving.plugins.filter.node import node_path
+
+    hold_dir = "{{ 'park_hold_dir' | gpufleet.serving.node_path }}"
+    assert node_path("park_hold_dir") == parked.HOLD_DIR, "the roles read the hold where the modules write it"
     template = (Path(__file__).resolve().parents[4] / "roles/engine_common/templates/engine.service.j2").read_text()
-    assert f"ConditionPathExists=!{park.HOLD_DIR}/%n\n" in template, "the unit reads the hold where the modules write it"
+    assert f"ConditionPathExists=!{hold_dir}/%n\n" in template
     roles = Path(__file__).resolve().parents[4] / "roles"
     # whatever starts an engine by systemctl releases its hold first
-    assert f'path: "{park.HOLD_DIR}/{{{{ engine_common_facts.unit }}}}"' in (roles / "engine_common/tasks/main.yml").read_text()
-    assert f'path: "{park.HOLD_DIR}/{{{{ __switch_engine_previous_facts.unit }}}}"' in (roles / "switch_engine/tasks/rollback.yml").read_text()
+    assert f'path: "{hold_dir}/{{{{ engine_common_facts.unit }}}}"' in (roles / "engine_common/tasks/main.yml").read_text()
+    assert f'path: "{hold_dir}/{{{{ __switch_engine_previous_facts.unit }}}}"' in (roles / "switch_engine/tasks/rollback.yml").read_text()

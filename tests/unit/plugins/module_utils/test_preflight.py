@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import prewarm
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import (
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight import (
     ModelListing,
     Request,
     check_disk,
@@ -199,7 +199,7 @@ def test_with_report_the_way_back_must_fit_too_before_anything_is_touched():
 
 
 def test_a_tokenizer_directory_must_hold_a_tokenizer_file():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import check_tokenizer
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight import check_tokenizer
 
     good = check_tokenizer("tokenizer", ModelListing("/t", "directory", config=True, names=["config.json", "tokenizer.json"]), "vllm")
     assert good.passed
@@ -211,7 +211,7 @@ def test_a_tokenizer_directory_must_hold_a_tokenizer_file():
 
 
 def test_a_gguf_model_needs_the_gguf_package_and_a_loader_in_the_engines_own_python():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._preflight import check_gguf_loader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight import check_gguf_loader
 
     assert check_gguf_loader("/opt/vllm/0.33.0/bin/python", {"gguf": True, "in_tree": True, "plugin": False}).passed
     assert check_gguf_loader("/p", {"gguf": True, "in_tree": False, "plugin": True}).passed, "out of tree: the plugin loads it"

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import parse_maps_identities, protected_name
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import memory
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import parse_maps_identities, protected_name
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline, poll_until
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import parse_cgroup_path, parse_cgroup_unit, parse_stat, parse_status
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import parse_cgroup_path, parse_cgroup_unit, parse_stat, parse_status
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
 
@@ -71,7 +71,7 @@ def test_parse_maps_identities_reads_hex_device_and_inode():
     ("systemd-journal", "/usr/lib/systemd/systemd-journald", None),  # only `systemd` itself is protected
 ])
 def test_protected_names_match_comm_or_executable(comm, exe, expected):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import BUILTIN_PROTECTED_NAMES
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import BUILTIN_PROTECTED_NAMES
     assert protected_name(comm, exe, list(BUILTIN_PROTECTED_NAMES)) == expected
 
 
@@ -281,8 +281,8 @@ def test_in_a_pid_namespace_nvml_pids_select_nothing(tmp_path, namespaced):
     only GPU 0's device file. In the host's namespace NVML's word is the host's truth and places it on GPU 1 (the control
     case, so the test can fail); inside a PID namespace the number is another process's: it selects nothing, it is not
     signalled, and the warning says why."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
-    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill as _holders_kill
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
     for name in ("nvidia0", "nvidia1"):
         (tmp_path / name).write_bytes(b"")
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)",
@@ -311,8 +311,8 @@ def test_in_a_pid_namespace_nvml_pids_select_nothing(tmp_path, namespaced):
 
 @pytest.mark.covers("G8")
 def test_outside_a_pid_namespace_an_unconfirmed_nvml_pid_is_stale_and_nothing_is_said(tmp_path):
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill
-    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill as _holders_kill
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
     (tmp_path / "nvidia0").write_bytes(b"")
     pid = unused_plausible_pid()
     request = _holders_kill.KillRequest(gpus=None, device_paths=[str(tmp_path / "nvidia*")], sources=["proc", "nvml"], protected=[],
@@ -324,15 +324,15 @@ def test_outside_a_pid_namespace_an_unconfirmed_nvml_pid_is_stale_and_nothing_is
 
 
 def _kill_request(**params):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import KillRequest
-    from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders_kill import KillRequest
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 
     defaults = {"term_timeout": 1, "kill_timeout": 1, "max_targets": 64, "nvml_timeout": 1, "lock_timeout": 1}
     return KillRequest.from_params({**defaults, **params}, ProcReader())
 
 
 def _plan_of(*units):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import KillPlan
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import KillPlan
 
     holders = [{"pid": 100 + index, "comm": "python3", "unit": unit} for index, unit in enumerate(units)]
     return KillPlan(holders=holders, targets=list(holders))
@@ -342,7 +342,7 @@ def _plan_of(*units):
 @pytest.mark.parametrize("outside_units", ["kill", "report"])
 def test_a_holder_in_a_service_systemd_restarts_is_never_killed_alone(outside_units):
     """G25: with kill the task is refused naming the unit; with report the holder is left and listed."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import place_holders, refusal
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders_kill import place_holders, refusal
 
     request = _kill_request(units=["vllm.service"], outside_units=outside_units)
     plan = _plan_of("vllm.service", "inference-proxy.service", "batch.service", "ssh.service", "inference-proxy.service")
@@ -363,7 +363,7 @@ def test_a_holder_in_a_service_systemd_restarts_is_never_killed_alone(outside_un
 
 
 def test_a_restarting_service_among_the_units_being_stopped_is_killed():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders_kill import place_holders, refusal
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders_kill import place_holders, refusal
 
     request = _kill_request(units=["vllm.service"])
     plan = _plan_of("vllm.service")

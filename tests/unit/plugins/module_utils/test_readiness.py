@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from test_lease_and_engine_http import ScriptedClient
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput, LockTimeout, RequesterGone
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
 
 READY_PARAMS = {"engine": "vllm", "url": None, "model": "llama70b", "api_key": None, "unit": "vllm.service", "timeout": 10,
                 "interval": 1, "completion": True, "min_spec_acceptance": None, "probe_requests": 8}
@@ -140,7 +140,7 @@ def test_taking_a_held_lease_raises_naming_the_holder_and_takes_nothing(tmp_path
 
 def test_what_the_engine_said_is_the_first_exception_line_of_its_last_start():
     """The switch's reason for an engine that exited while starting names its root cause, from its journal."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._readiness import engine_said
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines.readiness import engine_said
     journal = [
         "Started vllm.service - vLLM.",
         "ValueError: an older start's failure",

@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import COLLECTIONS, alive, stop
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessIdentity, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, terminate_then_kill
 
 
 def start(ignore_term: bool = False) -> subprocess.Popen:
@@ -118,8 +118,8 @@ def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs
     start_time = ProcReader().start_time(target.pid)
     script = (
         "import json, os\n"
-        "from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity\n"
-        "from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, terminate_then_kill\n"
+        "from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessIdentity\n"
+        "from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, terminate_then_kill\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter may live under /root\n"
         f"outcome = terminate_then_kill(Signaller(use_pidfd={use_pidfd}), [ProcessIdentity({target.pid}, {start_time})], 0.2, 0.2)\n"
         "print(json.dumps({'signals': outcome.signals, 'survivors': [s.pid for s in outcome.survivors],\n"
@@ -144,7 +144,7 @@ class JournalWitness(Signaller):
     def _send(self, handle, signum):
         import signal as signals
 
-        from ansible_collections.gpufleet.serving.plugins.module_utils._journal import read
+        from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import read
 
         name = signals.Signals(signum).name
         on_disk = [(line["pid"], line["signal"], line["phase"]) for line in read(self.journal.path)]
@@ -156,7 +156,7 @@ class JournalWitness(Signaller):
 def test_each_signals_intent_is_on_disk_before_the_signal_is_sent(procs, tmp_path):
     """Rule 12: at the instant of every kill (the moment a crash would cut the run short) the journal file already
     holds that signal's intent line - whom, which signal, this run - and its outcome line follows."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal, read
 
     ignorer, quitter = procs(ignore_term=True), procs()
     journal = Journal(str(tmp_path / "log" / "signals.jsonl"), "run-42", "gpu_holders_kill")
@@ -174,7 +174,7 @@ def test_a_line_a_full_disk_cut_short_is_taken_back_and_a_cut_line_is_never_glue
     """Found by the fault campaign (seed 7400): the journal's disk full, an intent line was written in part and the
     signal refused - right - but the next run's intent line was glued to the half one, and no reader could parse it
     (the signal it stood for looked unjournalled). A short write is taken back; a line found cut is ended first."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal, read
 
     path = tmp_path / "signals.jsonl"
     path.write_text(json.dumps({"phase": "intent", "pid": 7, "signal": "SIGTERM", "run_id": "before"}) + "\n")
@@ -182,7 +182,7 @@ def test_a_line_a_full_disk_cut_short_is_taken_back_and_a_cut_line_is_never_glue
     # a file size limit is a full disk to write(2): the part that fits is written, the rest refused
     child = f"""
 import os, resource, signal
-from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, JournalUnwritable
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal, JournalUnwritable
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, ({size + 40}, {size + 40}))
 try:

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._staging import (
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
+from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import (
     Listing,
     checkpoint_problems,
     parse_source,
@@ -142,7 +142,7 @@ def test_a_directory_the_engines_user_cannot_pass_through_is_named():
 
 
 def test_a_split_gguf_merge_refuses_parts_doubled_missing_or_not_split():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._gguf import Part, plan_merge
+    from ansible_collections.gpufleet.serving.plugins.module_utils._models.gguf import Part, plan_merge
 
     def part(name, number, count=3, **values):
         numbers = {"split.no": (2, number.to_bytes(2, "little")), "split.count": (2, count.to_bytes(2, "little"))}

@@ -17,8 +17,8 @@ from conftest import alive, run_module
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, Refused
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller
 
 
 @pytest.mark.covers('S5')
@@ -545,7 +545,7 @@ def test_a_stop_that_leaves_a_populated_group_with_no_process_listed_fails_namin
 def test_the_escalation_journals_each_sigkill_before_it_is_sent(tmp_path, unit_processes):
     """Rule 12 for systemd_stop_hard: SIGTERM ignorers are SIGKILLed at the deadline, and the node's journal holds an
     intent line for each before its outcome, with exe, cgroup, uid and the run id."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal, read
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal, read
 
     fake = FakeSystemd([unit_processes(ignore_term=True), unit_processes(ignore_term=True)])
     path = tmp_path / "journal" / "signals.jsonl"

@@ -59,7 +59,7 @@ def test_examples_use_fqcn_and_returns_are_described(name):
 
 
 def test_gpu_holders_kill_documents_every_builtin_protected_name():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import PROTECTED_DAEMONS
 
     text = (REPO / "plugins" / "modules" / "gpu_holders_kill.yml").read_text()
     documented = text[text.index("Process names never signalled"):text.index("A name matches the executable")]
@@ -67,7 +67,7 @@ def test_gpu_holders_kill_documents_every_builtin_protected_name():
 
 
 def test_docs_list_every_builtin_protected_name_with_its_reason():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._holders import PROTECTED_DAEMONS
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import PROTECTED_DAEMONS
 
     text = (REPO / "docs" / "modules.md").read_text()
     rows = dict(re.findall(r"^  \| (\S+) \| (.+) \|$", text, re.MULTILINE))

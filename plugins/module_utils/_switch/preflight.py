@@ -17,9 +17,9 @@ import posixpath
 import pwd
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_demand import DEMAND_BASIS, demand_fraction
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines.demand import DEMAND_BASIS, demand_fraction
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
 CHECKS = ("executable", "model", "gpus", "port", "disk", "holders")

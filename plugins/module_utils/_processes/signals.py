@@ -20,9 +20,9 @@ import select
 import signal
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessIdentity, ProcReader, survivor_details
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessIdentity, ProcReader, survivor_details
 
 FALLBACK_POLL_SECONDS = 0.02
 # pidfd_open errors meaning "this PID is not a live process" (an exiting task can give EINVAL, sglang #26964).

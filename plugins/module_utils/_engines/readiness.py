@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative

@@ -17,12 +17,13 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 
 # a few prompts of different kinds, greedy, a few dozen tokens: under a second on an idle engine
 PROBES = ("The capital of France is", "def fibonacci(n):\n   ", "Water boils at a temperature of")
 PROBE_TOKENS = 24
-RECORD_DIR = "/var/lib/gpufleet-serving/answers"
+RECORD_DIR = paths.ANSWERS_DIR
 # the largest drift of a chosen token's logprob between two starts of one configuration, allowed (docs/switch.md)
 DEFAULT_TOLERANCE = 0.05
 

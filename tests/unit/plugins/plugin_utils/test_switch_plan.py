@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
-from ansible_collections.gpufleet.serving.plugins.module_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
+from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 
 VLLM = {"engine": "vllm", "configured": True, "install": False, "version": None, "dedicated_user": False, "user": "root",
         "model_dir": None, "draft_model_dir": None, "virtualenvs_root": None, "timeout_stop_sec": 75, "ready_timeout": 600,
@@ -99,7 +99,8 @@ def test_an_unchanged_node_forgets_a_parked_engine_that_is_parked_no_more():
     dead = {"engine": "vllm", "unit": "vllm.service", "alive": False, "reason": "the parked vllm died (vllm.service is inactive)"}
     steps = switch_plan.plan(settings(), found(**serving, parked=dead))
     assert steps["unchanged"]
-    assert steps["forget_parked"] == {"engine": "vllm", "unit": "vllm.service", "reason": dead["reason"]}
+    assert steps["forget_parked"] == {"engine": "vllm", "unit": "vllm.service", "reason": dead["reason"],
+                                      "paths": ["/var/lib/gpufleet-serving/parked.json", "/run/gpufleet-serving/parked/vllm.service"]}
     assert switch_plan.plan(settings(), found(**serving, parked=dict(dead, alive=True, reason=None)))["forget_parked"] is None
     assert switch_plan.plan(settings(), found(**serving))["forget_parked"] is None
     # a switch decides the parked engine's fate itself (cold, evicted)
@@ -228,7 +229,7 @@ def test_the_cutovers_staging_request_is_the_item_with_the_common_options_replac
 def test_the_plan_says_which_answer_check_the_target_gets():
     """Issue 53 (4): golden where a record of the target's engine, model, version and command is on the node; a sanity
     check where there is none, where its command or version changes, or on a refresh; none when off."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
 
     sglang = dict(SGLANG, served_model_name="llama70b")
     argv = ["/usr/bin/sglang", "serve", "--model-path", "/models/m"]
@@ -243,3 +244,12 @@ def test_the_plan_says_which_answer_check_the_target_gets():
     assert changed["answer_check"]["reason"] == "its command line or version changes: no record is this configuration's yet"
     assert switch_plan.plan(settings(answer_refresh=True), node)["answer_check"]["kind"] == "sanity"
     assert switch_plan.plan(settings(answer_check=False), node)["answer_check"]["kind"] is None
+
+
+def test_the_previous_engine_is_one_running_other_than_the_target_else_the_target_in_place_else_none():
+    assert switch_plan.previous_engine(["vllm", "sglang"], "vllm") == "sglang"
+    assert switch_plan.previous_engine(["sglang", "vllm"], "sglang") == "vllm"
+    assert switch_plan.previous_engine(["vllm"], "vllm") == "vllm", "a switch in place: the target is its own way back"
+    assert switch_plan.previous_engine([], "vllm") == "none"
+    assert switch_plan.plan(settings(), found(previous="sglang", found=["sglang"], serving=["sglang"]))["in_place"]
+    assert not switch_plan.plan(settings(), found())["in_place"]

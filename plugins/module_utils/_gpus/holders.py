@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _bounded as bounded
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import (
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import (
     EXITED_STATES,
     ProcessGone,
     ProcReader,

@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader, pid_directories
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader, pid_directories
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
 
 # a unit in these states runs (or is about to): its engine is one the switch drains and stops
@@ -129,22 +129,22 @@ def observe(engines: list[EngineProbe], paths: list[str], reader: NodeReader, us
             "devices": {path: reader.device(path) for path in dict.fromkeys(devices or [])}}
 
 
-def parked(path: str | None, engines: dict) -> dict | None:
+def parked_engine(path: str | None, engines: dict) -> dict | None:
     """The node's parked engine as recorded, with whether it is still that engine's running invocation (alive) and,
     when not, why; None when no engine is parked."""
-    record = park.read_record(path)
+    record = parked.read_record(path)
     if not record:
         return None
     found = engines.get(record["engine"]) or {}
     if found.get("unit") != record["unit"]:
         return dict(record, alive=False, reason=f"the parked {record['engine']}'s unit {record['unit']} is not its unit now")
-    alive, reason = park.alive(record, {"ActiveState": found.get("active_state"), "InvocationID": found.get("invocation_id")})
+    alive, reason = parked.alive(record, {"ActiveState": found.get("active_state"), "InvocationID": found.get("invocation_id")})
     return dict(record, alive=alive, reason=reason)
 
 
 def park_history(path: str | None) -> dict:
     """What each engine's last park on this node left (engine_cutover keeps it)."""
-    return park.read_history(path)
+    return parked.read_history(path)
 
 
 def answer_records(directory: str | None) -> list[dict]:

@@ -4,7 +4,7 @@
 #
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
-"""engine_cutover's node side: the adapter (Node) through which _cutover's steps act on this node - systemd, the GPU
+"""engine_cutover's node side: the adapter (CutoverNode, the teardown's node extended) through which the cutover's steps act on this node - systemd, the GPU
 holders, NVML, the engines' HTTP endpoints, files - its request built from the module's options, and the run under the
 switch's lease and the node's work lock. The module only builds itself, calls these and returns."""
 
@@ -20,43 +20,28 @@ import time
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils import _engine_http as http
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
-from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
-from ansible_collections.gpufleet.serving.plugins.module_utils import _journal as journal
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-from ansible_collections.gpufleet.serving.plugins.module_utils import _memory as memory
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight_node as preflight_node
-from ansible_collections.gpufleet.serving.plugins.module_utils import _prewarm as prewarm
-from ansible_collections.gpufleet.serving.plugins.module_utils import _readiness as readiness
-from ansible_collections.gpufleet.serving.plugins.module_utils import _stage_node as stage_node
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers, park, prewarm, readiness
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import EngineExited, Error, InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import stage_node
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease, metrics, parked
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, preflight, preflight_node
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.node import TeardownNode
 
 
-class Node(cutover.NodeOps):
-    """The cutover's side effects on this node, through the collection's module_utils. ``host`` runs commands and
-    says warnings (the module: run_command, get_bin_path, warn, log); ``nvml`` returns pynvml."""
+class CutoverNode(TeardownNode, cutover.NodeOps):
+    """The cutover's side effects on this node: the teardown's (TeardownNode) and the rest - the engines' HTTP
+    endpoints, their files, the models, the park."""
 
     def __init__(self, host, params: dict, reader: ProcReader, nvml, caller: str = "engine_cutover"):
-        self.host = host
-        self.params = params
-        self.reader = reader
-        self.nvml = nvml
-        self.systemctl = systemd.Systemctl(host.run_command, host.get_bin_path("systemctl", required=True))
-        # one journal for the teardown and the rollback's: every signal under the switch's run id
-        self.journal = journal.Journal(self.params["journal_path"] or None,
-                                       self.params["run_id"] or self.params.get("lease_owner") or journal.new_run_id(caller),
-                                       caller, reader)
+        super().__init__(host, params, reader, nvml, caller)
 
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
@@ -113,22 +98,6 @@ class Node(cutover.NodeOps):
         request = readiness.DrainRequest(engine=engine.engine, url=engine.url, timeout=timeout, interval=0.25, fail_on_timeout=False)
         return readiness.wait_drained(request, http.HttpClient(engine.url, timeout=5))
 
-    def stop_units(self, units: list[str], stop_timeout: float, check_mode: bool = False) -> dict:
-        requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
-                                              disable=self.params.get("disable_units", False), allow_protected=False,
-                                              stop_triggers=self.params.get("stop_triggers", False), settle=self.params["settle"]))
-                    for unit in units]
-        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, check_mode, self.host.warn, journal=self.journal)
-        if failures:
-            raise cutover.TeardownFailed("; ".join(failures), units={"results": results})
-        return {"results": results}
-
-    def decide(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
-        return self._holders(units, check_mode=True, kept=kept)
-
-    def kill_holders(self, units: list[str], kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
-        return self._holders(units, check_mode=False, kept=kept, leave_foreign=leave_foreign)
-
     def park(self, engine: cutover.Engine, timeout: float) -> dict:
         started = time.monotonic()
         self._standby(engine, "park", timeout)
@@ -160,58 +129,25 @@ class Node(cutover.NodeOps):
 
     def _hold(self, unit: str) -> None:
         try:
-            park.hold(self.params.get("parked_path"), unit)
+            parked.hold(self.params.get("parked_path"), unit)
         except OSError as exc:  # parked all the same; only a restart after its death would not be held back
-            self.host.warn(f"{park.hold_dir(self.params.get('parked_path'))}: {exc.strerror or exc}: a parked {unit} that dies is restarted by systemd")
+            self.host.warn(f"{parked.hold_dir(self.params.get('parked_path'))}: {exc.strerror or exc}: a parked {unit} that dies is restarted by systemd")
 
     def record_parked(self, record: dict | None, measured: dict | None = None) -> None:
         path = self.params.get("parked_path")
         try:
             if record is None:
-                park.remove_record(path)
-                park.release(path)
+                parked.remove_record(path)
+                parked.release(path)
             elif path:
-                park.hold(path, record["unit"])  # at most one engine parked per node
+                parked.hold(path, record["unit"])  # at most one engine parked per node
                 files.write_atomically(path, json.dumps(record) + "\n", 0o644)
                 # what this park left, for the planner of the engine's next park on this node
-                history = park.HISTORY_PATH if path == park.RECORD_PATH else os.path.join(os.path.dirname(path), "park_history.json")
-                files.write_atomically(history, json.dumps(park.remembered(park.read_history(history), record["engine"], measured or {})) + "\n",
+                history = parked.HISTORY_PATH if path == parked.RECORD_PATH else os.path.join(os.path.dirname(path), "park_history.json")
+                files.write_atomically(history, json.dumps(parked.remembered(parked.read_history(history), record["engine"], measured or {})) + "\n",
                                        0o644)
         except OSError as exc:
             raise Error(f"{path}: {exc.strerror or exc}") from None
-
-    def _holders(self, units: list[str], check_mode: bool, kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
-        outside_units = "report" if leave_foreign and self.params["outside_units"] == "fail" else self.params["outside_units"]
-        params = dict(gpus=self.params["gpus"], device_paths=self.params["device_paths"], sources=None, protected=self.params["protected"],
-                      protected_pids=[], term_timeout=self.params["term_timeout"],
-                      kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
-                      max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
-                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=outside_units,
-                      owners=self.params["owners"], kept_units=list(kept))
-        request = holders_kill.KillRequest.from_params(params, self.reader)
-        return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
-                                         check_mode, self.host.warn, self.host.log, journal=self.journal)
-
-    def restart_policy(self, unit: str) -> tuple[str, int]:
-        return systemd.restart_policy_reader(self.systemctl)(unit)
-
-    def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
-        request = memory.MemoryRequest.from_params(dict(
-            gpus=self.params["gpus"], expected_count=self.params["expected_gpu_count"], max_used_mib=self.params["max_used_mib"],
-            max_processes=None, timeout=self.params["memory_timeout"] if wait else 0, interval=0.1, nvml_timeout=10, v1_reserve_mib=1024,
-            device_paths=self.params["device_paths"], left_pids=list(left_pids)))
-        if wait:
-            return memory.assert_free(request, self.nvml)
-        try:
-            return memory.assert_free(request, self.nvml)
-        except CheckFailed as exc:  # the reading before the teardown: busy GPUs are expected
-            return dict(exc.context, msg=None)
-
-    def reset_failed(self, units: list[str]) -> None:
-        try:
-            self.systemctl.reset_failed(units)
-        except CommandFailed as exc:  # a unit that is not failed (any more) is no reason to stop
-            self.host.warn(exc.msg)
 
     def restore(self, files: list[dict]) -> None:
         for item in files:
@@ -222,9 +158,9 @@ class Node(cutover.NodeOps):
     def start(self, unit: str) -> None:
         # a held unit's start would be skipped, and systemctl would still answer 0
         try:
-            park.release(self.params.get("parked_path"), [unit])
+            parked.release(self.params.get("parked_path"), [unit])
         except OSError as exc:
-            raise Error(f"{park.hold_dir(self.params.get('parked_path'))}/{unit}: {exc.strerror or exc}: systemd would skip its start") from None
+            raise Error(f"{parked.hold_dir(self.params.get('parked_path'))}/{unit}: {exc.strerror or exc}: systemd would skip its start") from None
         self.systemctl.start(unit)
 
     def set_boot(self, enable: str | None, units: list[str]) -> dict:
@@ -253,12 +189,6 @@ class Node(cutover.NodeOps):
         # the plain clock: like the rest of the cutover, the soak goes on to its end without its controller
         return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties)
 
-    def unit_properties(self, unit: str) -> dict:
-        try:
-            return self.systemctl.show(unit).properties
-        except CommandFailed:
-            return {}
-
 
 def host_memory(memory_current: str, group: systemd.Cgroup, pids: set[int], reader: ProcReader) -> int | None:
     """A parked engine's host memory: its unit's memory as systemd accounts it, else its group's memory.current, else
@@ -283,7 +213,7 @@ def host_memory(memory_current: str, group: systemd.Cgroup, pids: set[int], read
 def finish(result: dict, params: dict, store: lease.LeaseStore, request: cutover.CutoverRequest) -> None:
     """What the caller asked done once the cutover ended: its marks cleared when an engine serves, the node's record of
     it written (read by the next run, whatever became of this one's controller), the lease given back."""
-    if result["result"] in ("switched", "rolled_back"):
+    if result["result"] in results.SERVING:
         for path in params["clear_paths"]:
             if os.path.lexists(path):
                 os.unlink(path)
@@ -383,7 +313,7 @@ def stage_request(name: str, value: dict | None) -> dict | None:
     return checked
 
 
-def run(params: dict, request: cutover.CutoverRequest, node: Node) -> dict:
+def run(params: dict, request: cutover.CutoverRequest, node: CutoverNode) -> dict:
     """The cutover under the switch's lease (renewed once; another owner's means nothing is touched) and the node's work
     lock, then finish(). A controller interrupted or gone mid-cutover must not leave the node half switched: the
     cutover goes on to its end (the target serving, or the previous engine again), and the lock makes the next run

@@ -16,11 +16,11 @@ import os
 import pwd
 import subprocess
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _holders_kill as holders_kill
-from ansible_collections.gpufleet.serving.plugins.module_utils import _preflight as preflight
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcReader, pid_directories
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import NvmlClient
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader, pid_directories
+from ansible_collections.gpufleet.serving.plugins.module_utils._switch import preflight
 
 # engine_preflight's options (documented there); engine_cutover's preflight option takes the same keys
 OPTIONS = dict(

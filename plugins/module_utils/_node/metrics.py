@@ -22,11 +22,13 @@ import os
 import time
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
 
 # the directory Debian's and Ubuntu's prometheus-node-exporter package reads (--collector.textfile.directory)
-DEFAULT_DIRECTORY = "/var/lib/prometheus/node-exporter"
+DEFAULT_DIRECTORY = paths.METRICS_DIR
 FILE_NAME = "gpufleet_serving.prom"
-STATE_PATH = "/var/lib/gpufleet-serving/metrics.json"
+STATE_PATH = paths.METRICS_STATE
 PREFIX = "gpufleet_"
 
 # (name without the prefix, type, labels, meaning): every metric the node publishes
@@ -54,7 +56,7 @@ METRICS = (
     ("lease_info", "gauge", ("owner",), "The run holding the node's switch lease (1), absent when none holds it"),
     ("lease_expiry_timestamp_seconds", "gauge", (), "When the node's switch lease expires (0 when none holds it)"),
 )
-SWITCH_RESULTS = ("switched", "rolled_back", "rollback_failed", "preflight_failed", "failed")
+SWITCH_RESULTS = results.CUTOVER
 # each counter's labels, written from the first run on (at 0), so that increase() sees the first of each
 BASELINE = {"signals": ("SIGTERM", "SIGCONT", "SIGKILL"),
             "refusals": ("foreign_holders", "restarting_service", "too_many_targets", "preflight", "lease_held"),
@@ -126,7 +128,7 @@ def record_switch(state: dict, result: dict, engines: list[dict], now: float) ->
         count_teardown(state, teardown)
     count_answer_failures(state, result)
     marks = result.get("marks") or []
-    if outcome in ("switched", "rolled_back", "rollback_failed"):
+    if outcome in results.ACTED:
         state["last_switch"] = {"downtime_seconds": out_of_service(marks), "engine_start_seconds": result.get("engine_start_s"),
                                 "wake_seconds": (result.get("wake") or {}).get("wake_s") or 0.0,
                                 "park_seconds": (result.get("park") or {}).get("seconds") if (result.get("park") or {}).get("parked") else 0.0,

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers, park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, TeardownOps, teardown
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 
-# the teardown's steps, named as gpu_teardown's record names them (gpufleet.serving.teardown_host_report reads both)
-TEARDOWN_STEPS = ("before", "units", "holders", "after")
 # the node's record of its last cutover (engine_observe reads it back for the next run's report)
-RECORD_PATH = "/var/lib/gpufleet-serving/last_cutover.json"
+RECORD_PATH = paths.LAST_CUTOVER
 
 
 class NotServing(Error):
@@ -41,10 +40,6 @@ class NotServing(Error):
 
 class NotParked(Error):
     """The previous engine parked but left too much on a GPU for the target: it is woken again."""
-
-
-class TeardownFailed(Error):
-    """A teardown step failed; ``steps`` holds what each step returned up to the failure."""
 
 
 @dataclass
@@ -131,8 +126,8 @@ class CutoverRequest:
                 + standby + replace)
 
 
-class NodeOps:
-    """The seam: every side effect of the cutover. The module implements it; tests replace it."""
+class NodeOps(TeardownOps):
+    """The seam: every side effect of the cutover, the teardown's among them. The module implements it; tests replace it."""
 
     def preflight(self, request) -> dict:
         """engine_preflight's result for ``request``: {passed, failures, checks, gpus, holders}; observes only."""
@@ -168,20 +163,6 @@ class NodeOps:
     def drain(self, engine: Engine, timeout: float) -> dict:
         raise NotImplementedError
 
-    def stop_units(self, units: list[str], stop_timeout: float) -> dict:
-        """systemd_stop_hard per unit, as a looped task registers it: {results: [...]}; raises TeardownFailed."""
-        raise NotImplementedError
-
-    def decide(self, units: list[str], kept: tuple[str, ...] = ()) -> dict:
-        """The holders found and classified, nothing signalled; raises where the plan is refused. The processes of
-        ``kept`` (a parked engine's unit) are neither signalled nor foreign: they are listed as ``kept``."""
-        raise NotImplementedError
-
-    def kill_holders(self, units: list[str], kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
-        """The holders killed; with ``leave_foreign``, another user's holders are reported and left where the node's
-        setting would refuse them (the way back: refusing there leaves no engine)."""
-        raise NotImplementedError
-
     def park(self, engine: Engine, timeout: float) -> dict:
         """Park the engine (its standby call); returns {seconds, invocation_id, leftover_mib {gpu: MiB}, gpus
         [{index, total_mib}], host_memory_bytes}, measured once it answered; raises Error when it did not park."""
@@ -193,14 +174,6 @@ class NodeOps:
 
     def record_parked(self, record: dict | None, measured: dict | None = None) -> None:
         """The node's record of its parked engine: written (with what its park measured), or removed (None)."""
-        raise NotImplementedError
-
-    def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
-        """gpu_memory_assert: one reading (wait false), or polled to its deadline; raises when a GPU is not free.
-        ``left_pids``: holders the teardown reported and left (outside_units=report), whose memory is not counted."""
-        raise NotImplementedError
-
-    def reset_failed(self, units: list[str]) -> None:
         raise NotImplementedError
 
     def restore(self, files: list[dict]) -> None:
@@ -246,59 +219,6 @@ class Phases:
         return self.marks[-1][0] if self.marks else None
 
 
-def teardown(request: CutoverRequest, ops: NodeOps, stop_timeout: float, decide: bool = False, only: tuple = TEARDOWN_STEPS,
-             kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
-    """Stop every engine unit hard, kill what still holds the GPUs, assert every GPU free: gpu_teardown's steps (those
-    of ``only``). With ``decide``, the holders are found and classified first and a refused plan (another user's
-    process, a restarting service's, too many) stops the teardown before any unit is stopped. ``kept``: a parked
-    engine's units - not stopped, its processes not signalled, their GPU memory reported and not counted.
-    ``leave_foreign``: another user's holders are reported and left, their memory not counted (a rollback's).
-
-    Raises TeardownFailed carrying the steps so far, with failed_step and failure set as gpu_teardown's rescue sets them.
-    """
-    steps: dict = {"check_mode": False, "seconds": {}}
-    clock = getattr(ops, "clock", None) or Clock()
-    keep = tuple(kept)
-    stopped = [unit for unit in request.units if unit not in keep]
-    plan = (("before", lambda: ops.memory(wait=False)),
-            ("decide", lambda: ops.decide(stopped, keep) if keep else ops.decide(stopped)),
-            ("units", lambda: ops.stop_units(stopped, stop_timeout)),
-            ("holders", lambda: (ops.kill_holders(stopped, keep, leave_foreign=True) if leave_foreign
-                                 else ops.kill_holders(stopped, keep) if keep else ops.kill_holders(stopped))),
-            # what the engines released is judged: a holder reported and left keeps its memory
-            ("after", lambda: ops.memory(wait=True, left_pids=left_holders(steps))))
-    step = "before"
-    try:
-        for step, run in plan:
-            if (step == "decide" and not decide) or (step != "decide" and step not in only):
-                continue
-            started = clock.monotonic()
-            steps[step] = run()
-            steps["seconds"][step] = round(clock.monotonic() - started, 3)  # where a teardown's time goes
-    except Error as exc:
-        if step == "units" and isinstance(exc, TeardownFailed):
-            steps["units"] = exc.context.get("units") or {}
-        elif step == "decide":  # the refused plan names the holders
-            steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
-        elif step != "units":
-            steps[step] = dict(exc.context, failed=True, msg=exc.msg)
-        steps.update(failed_step=step, failure=dict(exc.context, failed=True, msg=exc.msg))
-        raise TeardownFailed(f"{step}: {exc.msg}", steps=steps) from None
-    failed = [unit["unit"] for unit in (steps.get("units") or {}).get("results") or []
-              if (unit.get("state_after") or {}).get("ActiveState") == "failed"]
-    if failed:
-        # a switch is not an engine failure (monitoring alerts on failed units); the report keeps what was killed
-        ops.reset_failed(failed)
-    return steps
-
-
-def left_holders(steps: dict) -> tuple[int, ...]:
-    """The pids of the holders the teardown's holders step left running: reported (outside_units=report) or kept (a
-    parked engine's)."""
-    holders = steps.get("holders") or {}
-    return tuple(sorted({holder["pid"] for holder in (holders.get("outside") or []) + (holders.get("kept") or [])}))
-
-
 def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float) -> dict:
     """Drain, tear down, bring up; on a failure after the drain began, roll back. The result always returns (a
     failure is its ``result``), so that the controller records every phase whatever happened."""
@@ -333,7 +253,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
             kept = park_previous(request, ops, result)
         phases.enter("teardown")
         try:
-            result["teardown"] = teardown(request, ops, stop_timeout, kept=kept)
+            result["teardown"] = teardown(request.units, ops, stop_timeout, kept=kept)
         except TeardownFailed as exc:
             result["teardown"] = exc.context["steps"]
             raise
@@ -466,7 +386,7 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result
     model, where the target's replaced it - start it (or wake it, when it was parked) and wait until it serves; raises
     what failed. Returns the rollback teardown's steps. Another user's job on the GPUs is left (it came during the
     cutover: the preflight refused any before the drain) - refusing it here would leave no engine at all."""
-    steps = teardown(request, ops, request.stop_grace, kept=(request.previous.unit,) if parked else (), leave_foreign=True)
+    steps = teardown(request.units, ops, request.stop_grace, kept=(request.previous.unit,) if parked else (), leave_foreign=True)
     if request.restore and not parked:
         ops.restore(request.restore)
     if request.replace_model:
@@ -489,7 +409,7 @@ def rollback(request: CutoverRequest, ops: NodeOps, parked: bool = False, result
             checked = checked_answers(request, ops, clock, request.previous, expectations=False)
             if not checked["passed"] and parked:
                 # woken and answering otherwise: started cold, as a woken target is
-                teardown(request, ops, request.stop_grace, leave_foreign=True)
+                teardown(request.units, ops, request.stop_grace, leave_foreign=True)
                 ops.reset_failed([request.previous.unit])
                 ops.start(request.previous.unit)
                 ops.wait_ready(request.previous, request.previous.ready_timeout)
@@ -532,7 +452,7 @@ def restart_cold(request: CutoverRequest, ops: NodeOps, clock: Clock, phases: Ph
     woken = result["answer_check"]
     result["wake"]["answered_differently"] = woken["mismatch"]
     phases.enter("restart")
-    teardown(request, ops, request.stop_grace)
+    teardown(request.units, ops, request.stop_grace)
     ops.reset_failed([request.target.unit])
     started = clock.monotonic()
     ops.start(request.target.unit)

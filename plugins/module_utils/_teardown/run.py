@@ -4,25 +4,23 @@
 #
 # PRIVATE to the collection: may change at any time. Do not use from other collections.
 
-"""gpu_teardown's steps in one module run on the node (the gpu_teardown role's one task, as the cutover is the
-switch's): the node's lease, the GPU memory before, the decision (every holder found and classified; a refusal stops
-here, before any unit is stopped), the units stopped hard, the holders killed, the memory asserted, the lease given
-back. One round trip per node instead of seven. The steps are _cutover.teardown's, through the same node adapter."""
+"""A cleanup's run on the node (node_teardown, the gpu_teardown role's one task): the node's lease, the GPU memory
+before, the decision (every holder found and classified; a refusal stops here, before any unit is stopped), the units
+stopped hard, the holders killed, the memory asserted, the lease given back - one round trip per node. The steps are
+_teardown.steps', the switch's cutover runs the same ones."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _cutover as cutover
-from ansible_collections.gpufleet.serving.plugins.module_utils import _lease as lease
-from ansible_collections.gpufleet.serving.plugins.module_utils import _metrics as metrics
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease, metrics, parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, teardown
 
-LEASE_NAME = "switch_engine"  # the node's one lease, shared with the switch: a cleanup and a switch never work on a node at once
+# the steps a cleanup may be given (its option ``steps``): the memory step is the report's "after"
 STEPS = ("units", "holders", "memory")
 # the steps as the report names a failed one (the gpu_teardown role's step names)
 STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that holds it",
@@ -31,12 +29,6 @@ STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that 
               "units": "Stop units | Stop each engine unit and empty its control group",
               "holders": "Kill holders | Kill every unprotected process still holding the GPUs",
               "after": "Assert memory | Every selected GPU is free of what the engines held"}
-
-
-@dataclass
-class Units:
-    """What _cutover.teardown stops: the engine units (a cutover's request carries its engines too)."""
-    units: list
 
 
 def lease_seconds(params: dict) -> float:
@@ -51,13 +43,13 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     unknown = sorted(set(params["steps"]) - set(STEPS))
     if unknown:
         raise Error(f"steps: unknown {', '.join(unknown)} (known: {', '.join(STEPS)})")
-    request = Units([systemd.normalize_unit_name(unit) for unit in params["units"]])
+    units = [systemd.normalize_unit_name(unit) for unit in params["units"]]
     if check_mode:
-        steps = plan(params, request, node)
+        steps = plan(params, units, node)
         refused = steps.get("failure")
         return {"changed": False, "result": "failed" if refused else "done", "msg": refused["msg"] if refused else None, "steps": steps}
     owner = params["run_id"]
-    name = params.get("lease_name") or LEASE_NAME
+    name = params.get("lease_name") or paths.LEASE_NAME
     if store is None and params["lease"]:
         # the name checked as host_lease checks it
         checked = lease.LeaseRequest.from_params(dict(name=name, owner=owner, state="acquired", lease_seconds=1, wait_timeout=0, break_owner=None))
@@ -72,15 +64,15 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
             return {"changed": False, "result": "lease_held", "msg": exc.msg, "holder": exc.context.get("holder"),
                     "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": STEP_NAMES["lease"], "failure": failure}}
     kept = kept_units(params, node)
-    fate = parked_fate(params, request, kept, node, False)
+    fate = parked_fate(params, units, kept, node, False)
     try:
         only = ("before",) * params["measure_before"] + tuple(
             step for name, step in (("units", "units"), ("holders", "holders"), ("memory", "after"))
-            if name in params["steps"] and (name != "units" or request.units))
-        steps = cutover.teardown(request, node, params["stop_timeout"], decide=True, only=only, kept=kept)
+            if name in params["steps"] and (name != "units" or units))
+        steps = teardown(units, node, params["stop_timeout"], decide=True, only=only, kept=kept)
         result = {"result": "done", "msg": None}
-        forget_evicted(params, request, kept)
-    except cutover.TeardownFailed as exc:
+        forget_evicted(params, units, kept)
+    except TeardownFailed as exc:
         steps = exc.context["steps"]
         result = {"result": "failed", "msg": exc.msg}
     finally:
@@ -92,11 +84,11 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
         (steps.get("holders") or {}).get("changed"))
     outcome = dict(result, changed=changed, steps=steps)
-    outcome["metrics_warnings"] = steps["metrics_warnings"] = publish_metrics(params, request, outcome, kept, store)
+    outcome["metrics_warnings"] = steps["metrics_warnings"] = publish_metrics(params, outcome, kept, store)
     return outcome
 
 
-def publish_metrics(params: dict, request: Units, outcome: dict, kept: tuple[str, ...], store) -> list[str]:
+def publish_metrics(params: dict, outcome: dict, kept: tuple[str, ...], store) -> list[str]:
     """The node's metrics after this teardown (never in check mode; never a failure: warnings). The engines it stopped
     serve no more; one it kept stays parked."""
     if params.get("metrics_dir") is None:
@@ -113,24 +105,24 @@ def publish_metrics(params: dict, request: Units, outcome: dict, kept: tuple[str
     return metrics.publish(state, params["metrics_dir"], params.get("metrics_state_path") or metrics.STATE_PATH)
 
 
-def forget_evicted(params: dict, request: Units, kept: tuple[str, ...]) -> None:
+def forget_evicted(params: dict, units: list[str], kept: tuple[str, ...]) -> None:
     """A parked engine this teardown stopped is parked no more: its record goes (a switch would read it as died)."""
-    path = params.get("parked_path") or park.RECORD_PATH
-    record = park.read_record(path)
-    if record and record["unit"] in request.units and record["unit"] not in kept and "units" in params["steps"]:
+    path = params.get("parked_path") or parked.RECORD_PATH
+    record = parked.read_record(path)
+    if record and record["unit"] in units and record["unit"] not in kept and "units" in params["steps"]:
         with contextlib.suppress(OSError):  # the next run reads the unit as stopped all the same
-            park.remove_record(path)
+            parked.remove_record(path)
         with contextlib.suppress(OSError):  # an operator's own start of it later must not be skipped
-            park.release(path, [record["unit"]])
+            parked.release(path, [record["unit"]])
 
 
-def parked_fate(params: dict, request: Units, kept: tuple[str, ...], node, check_mode: bool) -> dict | None:
+def parked_fate(params: dict, units: list[str], kept: tuple[str, ...], node, check_mode: bool) -> dict | None:
     """What this teardown does to the node's parked engine - the node's fast way back - when its unit is among those it
     tears down: kept (keep_parked), evicted, or found dead or restarted (nothing parked is lost). None: none is parked."""
-    record = park.read_record(params.get("parked_path") or park.RECORD_PATH)
-    if not record or record["unit"] not in request.units or "units" not in params["steps"]:
+    record = parked.read_record(params.get("parked_path") or parked.RECORD_PATH)
+    if not record or record["unit"] not in units or "units" not in params["steps"]:
         return None
-    alive, reason = park.alive(record, node.unit_properties(record["unit"]))
+    alive, reason = parked.alive(record, node.unit_properties(record["unit"]))
     fate = "kept" if record["unit"] in kept else "evicted" if alive else "not parked"
     return {"engine": record["engine"], "unit": record["unit"], "fate": fate, "reason": reason, "check_mode": check_mode}
 
@@ -140,26 +132,26 @@ def kept_units(params: dict, node) -> tuple[str, ...]:
     (when it is still the invocation that parked)."""
     kept = [systemd.normalize_unit_name(unit) for unit in params.get("kept_units") or []]
     if params.get("keep_parked"):
-        record = park.read_record(params.get("parked_path") or park.RECORD_PATH)
-        if record and park.alive(record, node.unit_properties(record["unit"]))[0]:
+        record = parked.read_record(params.get("parked_path") or parked.RECORD_PATH)
+        if record and parked.alive(record, node.unit_properties(record["unit"]))[0]:
             kept.append(record["unit"])
     return tuple(dict.fromkeys(kept))
 
 
-def plan(params: dict, request: Units, node) -> dict:
+def plan(params: dict, units: list[str], node) -> dict:
     """Check mode: the memory now, the units that would be stopped and the holders that would be signalled (or refused)."""
     steps: dict = {"check_mode": True, "run_id": params["run_id"], "lease": {}}
     steps["before"] = node.memory(wait=False)
     kept = kept_units(params, node)
-    units = [unit for unit in request.units if unit not in kept]
-    if "units" in params["steps"] and units:
-        steps["units"] = node.stop_units(units, params["stop_timeout"], check_mode=True)
+    stopped = [unit for unit in units if unit not in kept]
+    if "units" in params["steps"] and stopped:
+        steps["units"] = node.stop_units(stopped, params["stop_timeout"], check_mode=True)
     if "holders" in params["steps"]:
         try:
-            steps["holders"] = node.decide(units, kept) if kept else node.decide(units)
+            steps["holders"] = node.decide(stopped, kept) if kept else node.decide(stopped)
         except Error as exc:  # the plan names the refusal; the run would fail there
             steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
             steps.update(failed_step=STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))
     steps["after"] = steps["before"]
-    steps["parked"] = parked_fate(params, request, kept, node, True)
+    steps["parked"] = parked_fate(params, units, kept, node, True)
     return steps

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _answers as answers
-from ansible_collections.gpufleet.serving.plugins.module_utils import _park as park
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
-from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
+from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers, park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
@@ -29,7 +30,7 @@ CONTROLLER, CUTOVER, SKIP = phases.CONTROLLER, phases.IN_CUTOVER, phases.SKIPPED
 PREFLIGHT_BOUND = 140.0
 # an engine's unit without a known TimeoutStopSec: systemd's default (90 s)
 DEFAULT_STOP_BOUND = 90.0
-ENDED_WITH_AN_ENGINE = ("switched", "rolled_back")
+ENDED_WITH_AN_ENGINE = results.SERVING
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,12 @@ def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> b
     return found.get("group") in (account.get("groups") or [])
 
 
+def previous_engine(found: list[str], target: str) -> str:
+    """The engine to drain and to roll back to: one running other than the target, else the target itself running (a
+    switch in place), else "none"."""
+    return next((name for name in found if name != target), found[0] if found else "none")
+
+
 def plan(settings: Settings, node: Found) -> dict:
     """Where each phase of this node's switch runs, whether it is unchanged, and what the steps take."""
     target = node.engines.get(settings.target) or {}
@@ -230,11 +237,13 @@ def sweep_plan(settings: Settings, node: Found) -> dict | None:
 
 def forget_parked(node: Found) -> dict | None:
     """The node's parked record when it no longer stands for a parked engine (it died, was restarted, or its unit
-    changed): {engine, unit, reason}; None when none is recorded or it is still parked."""
+    changed): {engine, unit, reason, paths: its record and its start hold}; None when none is recorded or it is still
+    parked."""
     parked = node.parked or {}
     if not parked or parked.get("alive"):
         return None
-    return {"engine": parked.get("engine"), "unit": parked.get("unit"), "reason": parked.get("reason")}
+    return {"engine": parked.get("engine"), "unit": parked.get("unit"), "reason": parked.get("reason"),
+            "paths": [paths.PARKED_RECORD, f"{paths.PARK_HOLD_DIR}/{parked.get('unit')}"]}
 
 
 def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
@@ -245,7 +254,8 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
     parked = node.parked or {}
     live = parked if parked.get("alive") else None
     wake = bool(live and live.get("engine") == settings.target and not any(would_change.values()))
-    decision = {"mode": settings.park_previous, "previous": "stop", "reason": None, "wake": wake, "evict": bool(live and not wake),
+    # evicted: a live parked engine torn down as any engine, or the record of one that died removed
+    decision = {"mode": settings.park_previous, "previous": "stop", "reason": None, "wake": wake, "evict": bool(parked and not wake),
                 "parked_unit": live.get("unit") if live else None, "path": "wake" if wake else "cold", "cold_reason": None, "refused": None}
     if live and not wake and live.get("engine") == settings.target:
         decision["cold_reason"] = f"the parked {live['engine']} is not what was asked (its unit, secrets or version change): evicted"

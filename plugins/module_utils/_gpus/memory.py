@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, Error, InvalidInput, NvmlHung
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import NvmlClient, select_gpus, validate_gpu_selectors
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import NvmlClient, select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, poll_until
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader, describe
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader, describe
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, non_negative_int
 
 # Only when NVML's v2 memory query is missing: v1 `used` includes the driver reserve

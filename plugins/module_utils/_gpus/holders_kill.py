@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, InvalidInput, Refused
-from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import (
     BUILTIN_PROTECTED_NAMES,
     DEFAULT_DEVICE_GLOBS,
     IMPLAUSIBLE_PID,
@@ -29,11 +29,11 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._holders import (
     in_init_pid_namespace,
     plan_kill,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._journal import Journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
-from ansible_collections.gpufleet.serving.plugins.module_utils._nvml import select_gpus, validate_gpu_selectors
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcessIdentity, ProcReader, describe, owner_uid
-from ansible_collections.gpufleet.serving.plugins.module_utils._signals import Signaller, survivor_report, terminate_then_kill
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcessIdentity, ProcReader, describe, owner_uid
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, survivor_report, terminate_then_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
 SOURCES = ("proc", "nvml")

@@ -20,10 +20,9 @@ import signal
 import time
 import traceback
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _gguf as gguf
-from ansible_collections.gpufleet.serving.plugins.module_utils import _staging as staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock
+from ansible_collections.gpufleet.serving.plugins.module_utils._models import gguf, staging
 
 try:
     import huggingface_hub

@@ -17,10 +17,11 @@ import os
 import socket
 import time
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._procfs import ProcessGone, ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader
 
-DEFAULT_PATH = "/var/log/gpufleet-serving/signals.jsonl"
+DEFAULT_PATH = paths.SIGNAL_JOURNAL
 
 
 class JournalUnwritable(Error):
