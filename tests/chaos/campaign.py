@@ -523,7 +523,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
             violations += [f"after the rerun: {problem}" for problem in invariants.one_engine(node, state, (target,))]
         elif operation == "cleanup":
             violations += invariants.nothing_runs(node, state)
-        violations += invariants.leftovers(node, state)
+        violations += invariants.leftovers(node, state, holds_not_ours=tuple(before[node].get("holds", [])) if operation == "check" else ())
         violations += invariants.gpu_memory(node, state, escaped_left=operation == "check")
         violations += invariants.signals_journalled(node, state, [sent for fault in on_node[node] for sent in fault.injected])
         violations += invariants.escaped_worker(node, state, torn_down=operation != "check")

@@ -114,6 +114,9 @@ def test_nothing_is_left_behind_after_the_recovery():
     assert invariants.leftovers("node1", expired) == []
     assert "no parked engine" in invariants.leftovers("node1", node(("vllm",), holds=["sglang.service"]))[0]
     assert invariants.leftovers("node1", node(("vllm",), parked_engine="sglang", holds=["sglang.service"])) == []
+    # a --check writes nothing: a hold it found, of a parked engine that died of a fault during it, is the next real run's
+    assert invariants.leftovers("node1", node(("vllm",), holds=["sglang.service"]), holds_not_ours=("sglang.service",)) == []
+    assert "no parked engine" in invariants.leftovers("node1", node(("vllm",), holds=["sglang.service"]), holds_not_ours=("vllm.service",))[0]
     partial = node(("vllm",))
     partial["units"]["vllm"]["argv"] = ["vllm", "serve", "/models/x.partial"]
     assert "partial model" in invariants.leftovers("node1", partial)[0]
