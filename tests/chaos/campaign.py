@@ -506,7 +506,7 @@ def one_run(run: schedule.Run, index: int) -> dict:
         elif operation != "cleanup":
             before_here = invariants.serving(before[node])  # each node's own: a stopped rollout leaves them apart
             # a node restarted starts the engine enabled at boot (a cleanup stops engines, it does not disable them)
-            rebooted = invariants.enabled_at_boot(before[node]) if after_fault[node]["boot_id"] != before[node]["boot_id"] else []
+            rebooted = invariants.enabled_at_boot(before[node]) if invariants.restarted(before[node], after_fault[node]) else []
             allowed = tuple(dict.fromkeys([target, *before_here, *rebooted]))
             violations += [f"after the fault: {problem}"
                            for problem in invariants.one_engine(node, after_fault[node], allowed, none_before=not before_here)]

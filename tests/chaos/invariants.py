@@ -21,6 +21,12 @@ def parked(state: dict) -> list[str]:
                   if answer.get("completion") not in (200, 401) and (answer.get("sleeping") or engine in held))
 
 
+def restarted(before: dict, after: dict) -> bool:
+    """The node restarted between the two reads: another kernel boot, or (a lab node is a container, which keeps the
+    host's boot id) its PID 1 started again."""
+    return after["boot_id"] != before["boot_id"] or after.get("init_start") != before.get("init_start")
+
+
 def enabled_at_boot(state: dict) -> list[str]:
     """The engines whose unit starts at boot."""
     return sorted(engine for engine, unit in state["units"].items() if unit.get("enabled") == "enabled")

@@ -172,6 +172,8 @@ def main(argv: list[str]) -> None:
     units = {engine: unit(f"{engine}.service") for engine in ENGINES}
     state = {
         "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        # a lab node is a container: its restart keeps the host kernel's boot id, and starts its PID 1 again
+        "init_start": Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19],
         "units": units,
         "answers": {engine: answers(engine, units[engine]["argv"]) for engine in ENGINES if units[engine]["active"] == "active"},
         "processes": engine_processes(),

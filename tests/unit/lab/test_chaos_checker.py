@@ -195,3 +195,10 @@ def test_an_escaped_worker_is_killed_by_a_teardown_with_every_signal_journalled_
     assert "touched by a run that tears nothing down" in invariants.escaped_worker(
         "node1", node(escaped=[job], journal=[intent]), torn_down=False)[0]
     assert invariants.escaped_worker("node1", node(escaped=[dict(job, alive=True, signals=[])]), torn_down=False) == []
+
+
+def test_a_restart_is_told_by_the_boot_id_or_by_a_container_nodes_pid_1_started_again():
+    before = {"boot_id": "b1", "init_start": "100"}
+    assert not invariants.restarted(before, dict(before))
+    assert invariants.restarted(before, {"boot_id": "b1", "init_start": "250"}), "a lab node's container restart keeps the host's boot id"
+    assert invariants.restarted(before, {"boot_id": "b2", "init_start": "100"})
