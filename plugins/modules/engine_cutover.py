@@ -11,10 +11,11 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._node import metrics, parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._node import parked
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, cutover_node
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.options import TEARDOWN_OPTIONS
 
 try:
     import pynvml
@@ -28,6 +29,7 @@ ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "s
                       url=dict(type="str", required=True), model=dict(type="str", required=True), api_key=dict(type="str", no_log=True),
                       ready_timeout=dict(type="float", default=600))
 ARGUMENT_SPEC = dict(
+    **TEARDOWN_OPTIONS,
     units=dict(type="list", elements="str", required=True),
     target=dict(type="dict", required=True, options=ENGINE_OPTIONS),
     previous=dict(type="dict", options=ENGINE_OPTIONS),
@@ -36,18 +38,6 @@ ARGUMENT_SPEC = dict(
     drain_timeout=dict(type="float", default=120),
     stop_grace=dict(type="float", default=15),
     stop_timeout=dict(type="float", default=90),
-    kill_timeout=dict(type="float", default=30),
-    term_timeout=dict(type="float", default=30),
-    gpus=dict(type="list", elements="str", default=[]),
-    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
-    protected=dict(type="list", elements="str", default=[]),
-    max_targets=dict(type="int", default=64),
-    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
-    owners=dict(type="list", elements="str", default=[]),
-    max_used_mib=dict(type="int", default=512),
-    memory_timeout=dict(type="float", default=60),
-    expected_gpu_count=dict(type="int"),
-    settle=dict(type="float", default=0.25),
     interval=dict(type="float", default=0.25),
     soak=dict(type="float", default=0),
     soak_interval=dict(type="float", default=1),
@@ -70,8 +60,6 @@ ARGUMENT_SPEC = dict(
     park_timeout=dict(type="float", default=120),
     target_memory_fraction=dict(type="float"),
     parked_path=dict(type="str", default=parked.RECORD_PATH),
-    metrics_dir=dict(type="str"),
-    metrics_state_path=dict(type="str", default=metrics.STATE_PATH),
     metrics_versions=dict(type="dict", default={}),
     replace_model=dict(type="dict"),
     restage_previous=dict(type="dict"),

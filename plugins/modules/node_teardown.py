@@ -17,6 +17,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._processes import
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown import run as teardown_run
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.node import TeardownNode
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.options import TEARDOWN_OPTIONS
 
 try:
     import pynvml
@@ -27,30 +28,17 @@ else:
     PYNVML_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
+    **TEARDOWN_OPTIONS,
     units=dict(type="list", elements="str", default=[]),
     kept_units=dict(type="list", elements="str", default=[]),
     keep_parked=dict(type="bool", default=False),
     parked_path=dict(type="str", default=paths.PARKED_RECORD),
-    metrics_dir=dict(type="str"),
-    metrics_state_path=dict(type="str", default=paths.METRICS_STATE),
-    owners=dict(type="list", elements="str", default=[]),
     steps=dict(type="list", elements="str", default=list(teardown_run.STEPS)),
     measure_before=dict(type="bool", default=True),
     stop_timeout=dict(type="float", default=90),
-    kill_timeout=dict(type="float", default=30),
     disable_units=dict(type="bool", default=False),
     stop_triggers=dict(type="bool", default=False),
-    gpus=dict(type="list", elements="str", default=[]),
-    device_paths=dict(type="list", elements="str", default=["/dev/nvidia*", "/dev/nvidia-caps/*"]),
-    protected=dict(type="list", elements="str", default=[]),
-    term_timeout=dict(type="float", default=30),
     holders_kill_timeout=dict(type="float", default=30),
-    max_targets=dict(type="int", default=64),
-    outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
-    max_used_mib=dict(type="int", default=512),
-    memory_timeout=dict(type="float", default=60),
-    expected_gpu_count=dict(type="int"),
-    settle=dict(type="float", default=0.25),
     lease=dict(type="bool", default=True),
     lease_name=dict(type="str", default=paths.LEASE_NAME),
     lease_wait=dict(type="float", default=0),
