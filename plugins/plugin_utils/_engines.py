@@ -34,9 +34,9 @@ SGLANG_API_KEY_REFERENCE = "${SGLANG_API_KEY}"
 STOP_MARGIN_SECONDS = 30
 # Where a role variable is not <engine>_<key>.
 VARIABLE_NAMES = {
-    "vllm": {"memory_fraction": "vllm_gpu_memory_utilization", "max_running_requests": "vllm_max_num_seqs", "standby": "vllm_sleep_mode",
-             "standby_pin_threads": "vllm_sleep_pin_threads"},
-    "sglang": {"memory_fraction": "sglang_mem_fraction_static", "max_model_len": "sglang_context_length", "standby": "sglang_memory_saver"},
+    "vllm": {"memory_fraction": "vllm_gpu_memory_utilization", "max_running_requests": "vllm_max_num_seqs", "parkable": "vllm_sleep_mode",
+             "park_pin_threads": "vllm_sleep_pin_threads"},
+    "sglang": {"memory_fraction": "sglang_mem_fraction_static", "max_model_len": "sglang_context_length", "parkable": "sglang_memory_saver"},
 }
 SPECULATIVE_KEYS = ("draft_model", "num_speculative_tokens", "eagle_topk", "num_draft_tokens", "method")
 SPECULATIVE_DEFAULTS = {"num_speculative_tokens": 3, "eagle_topk": 1}
@@ -277,7 +277,7 @@ def vllm_argv(config: dict) -> list[str]:
         read.fail("expert_parallel", f"vLLM takes true or false, got {expert!r}")
     if expert:
         argv.append("--enable-expert-parallel")
-    if standby(read):
+    if parkable(read):
         argv.append("--enable-sleep-mode")  # parks through POST /sleep (its routes need VLLM_SERVER_DEV_MODE=1)
     tokenizer = tokenizer_path(read)
     if tokenizer:
@@ -312,7 +312,7 @@ def sglang_argv(config: dict) -> list[str]:
                     ("--ep-size", ep_size)])
     if config.get("api_key"):
         argv += ["--api-key", SGLANG_API_KEY_REFERENCE]
-    if standby(read):
+    if parkable(read):
         # parks through /release_memory_occupation; without the CPU backup its weights would be discarded
         argv += ["--enable-memory-saver", "--enable-weights-cpu-backup"]
     spec = speculative(read)
@@ -324,24 +324,24 @@ def sglang_argv(config: dict) -> list[str]:
     return argv + common["extra"]
 
 
-STANDBY_VARIABLES = {"vllm": "vllm_sleep_mode", "sglang": "sglang_memory_saver"}
+PARK_VARIABLES = {"vllm": "vllm_sleep_mode", "sglang": "sglang_memory_saver"}
 
 
-def standby(read: _Reader) -> bool:
+def parkable(read: _Reader) -> bool:
     """Whether the engine is started so that it can be parked (switch_engine_park_previous). Its park and wake routes
     must not widen what is reachable: vLLM's --api-key guards only /v1, so vLLM parks only bound to loopback; SGLang's
     key guards every route but health and metrics, so SGLang parks bound to loopback or with its key."""
-    value = read.config.get("standby")
+    value = read.config.get("parkable")
     if value in (None, "", False, "false", "False"):
         return False
     if value not in (True, "true", "True"):
-        read.fail("standby", f"give true or false, got {value!r}")
+        read.fail("parkable", f"give true or false, got {value!r}")
     host = read.text("host") or "127.0.0.1"
     if read.engine == "vllm" and not is_loopback(host):
-        read.fail("standby", f"vLLM's sleep routes are not guarded by its API key and vllm_host {host} is not a loopback "
+        read.fail("parkable", f"vLLM's sleep routes are not guarded by its API key and vllm_host {host} is not a loopback "
                              "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
     if read.engine == "sglang" and not is_loopback(host) and not read.config.get("api_key"):
-        read.fail("standby", f"sglang_host {host} is not a loopback address and sglang_api_key is empty: its "
+        read.fail("parkable", f"sglang_host {host} is not a loopback address and sglang_api_key is empty: its "
                              "memory routes would be open to anyone who reaches the port")
     return True
 
@@ -350,15 +350,15 @@ def standby(read: _Reader) -> bool:
 PIN_THREADS_MAX = 128
 
 
-def standby_environment(read: _Reader) -> list[tuple[str, str]]:
+def park_environment(read: _Reader) -> list[tuple[str, str]]:
     """vLLM's sleep routes need its development mode; and its sleep pins its host copy of the weights at park time,
     inside the forward switch's downtime: registering ordinary pages in threads pins 32 GiB 4-10x faster than
     cudaHostAlloc (docs/switch.md). The operator's own PYTORCH_CUDA_ALLOC_CONF, written after this, replaces it."""
-    if not standby(read):
+    if not parkable(read):
         return []
-    threads = read.number("standby_pin_threads", minimum=0)
+    threads = read.number("park_pin_threads", minimum=0)
     if threads and (threads > PIN_THREADS_MAX or threads & (threads - 1)):
-        read.fail("standby_pin_threads", f"PyTorch takes a power of two up to {PIN_THREADS_MAX} (or 0 for its default pinning), got {threads}")
+        read.fail("park_pin_threads", f"PyTorch takes a power of two up to {PIN_THREADS_MAX} (or 0 for its default pinning), got {threads}")
     pinning = [("PYTORCH_CUDA_ALLOC_CONF", f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}")] if threads else []
     return [("VLLM_SERVER_DEV_MODE", "1"), *pinning]
 
@@ -497,7 +497,7 @@ def engine_facts(config: dict, engine: str) -> dict:
         # and a staged model's engine never reaches for the hub: nothing is downloaded inside the downtime
         "environment_lines": _escaped(read, "environment", _systemd_escape.environment_assignment,
                                       [("HOME", f"/var/lib/{stem}"), ("XDG_CACHE_HOME", f"/var/cache/{stem}")]
-                                      + (standby_environment(read) if engine == "vllm" else [])
+                                      + (park_environment(read) if engine == "vllm" else [])
                                       + ([("HF_HUB_OFFLINE", "1")] if staged_model_dir(read) or (spec and staged_model_dir(read, "draft_model_dir"))
                                          or staged_model_dir(read, "tokenizer_dir") else [])
                                       + sorted(environment.items())),
@@ -511,7 +511,7 @@ def engine_facts(config: dict, engine: str) -> dict:
         # the share of each GPU it takes, for the fit beside other users' GPU processes (None: the engine's default)
         "memory_fraction": read.number("memory_fraction", float),
         "install": install,
-        "standby": standby(read),
+        "parkable": parkable(read),
         "install_dir": read.text("virtualenv") if install else None,
         **_virtualenvs(read, install),
         "version": (read.text("version") or None) if install else None,  # pinned only by an install

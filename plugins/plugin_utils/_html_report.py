@@ -340,9 +340,9 @@ def _parked_cell(report: dict) -> str:
         left = parked.get("leftover_mib") or {}
         return (f'{parked.get("engine")} ({parked.get("model")}), {(parked.get("host_memory_bytes") or 0) / 2**30:.1f} GiB host, '
                 f'{max(left.values()) if left else 0} MiB x {len(left)} GPU(s)')
-    standby = report.get("standby") or {}
-    if standby.get("mode") not in (None, "off") and standby.get("reason"):
-        return f'none (not parked: {standby["reason"]})'
+    decision = report.get("park") or report.get("standby") or {}  # a report written before 55 has only standby
+    if decision.get("mode") not in (None, "off") and decision.get("reason"):
+        return f'none (not parked: {decision["reason"]})'
     return "-"
 
 

@@ -444,17 +444,17 @@ def switch_host_report(record: dict) -> dict:
         # the GPUs around the switch's teardown (before it, and after the last teardown - the rollback's when one ran)
         "memory_before": list((record.get("teardown") or {}).get("memory_before") or []),
         "memory_after": list((next((t for t in reversed(teardowns) if t), None) or {}).get("memory_after") or []),
-        **_standby(record, result),
+        **_park(record, result),
         "metrics_warnings": list(record.get("metrics_warnings") or []),
         # the engines' workers found holding GPUs outside their units (a target already serving: swept, see `killed`)
         "escaped": list(record.get("escaped") or []),
     }
 
 
-def _standby(record: dict, result: str) -> dict:
+def _park(record: dict, result: str) -> dict:
     """A park's side of the report: what became of the previous engine (parked or stopped, and why), the path the
     target came up by (a wake or a cold start, and why cold), park_s and wake_s, and the engine left parked."""
-    decided = record.get("standby") or {}
+    decided = record.get("park_decision") or {}
     park = record.get("park") or {}
     wake = record.get("wake") or {}
     parked = record.get("parked") or None
@@ -463,9 +463,11 @@ def _standby(record: dict, result: str) -> dict:
     previous = decided.get("previous")
     if previous == "park" and not park.get("parked") and result not in ("would_switch", "preflight_failed", "unchanged"):
         previous = "stop"
+    decision = ({"mode": decided.get("mode") or "off", "previous": previous, "reason": park.get("reason") or decided.get("reason"),
+                 "path": decided.get("path"), "cold_reason": decided.get("cold_reason"), "evicted": bool(decided.get("evict"))} if decided else None)
     return {
-        "standby": {"mode": decided.get("mode") or "off", "previous": previous, "reason": park.get("reason") or decided.get("reason"),
-                    "path": decided.get("path"), "cold_reason": decided.get("cold_reason"), "evicted": bool(decided.get("evict"))} if decided else None,
+        "park": decision,
+        "standby": decision,  # the park's first name, kept for tooling written against it (changelog 55)
         "park_s": round(float(park["seconds"]), 2) if park.get("parked") and park.get("seconds") is not None else None,
         "wake_s": round(float(wake["wake_s"]), 2) if wake.get("wake_s") is not None else None,
         "parked": {key: parked.get(key) for key in ("engine", "unit", "model", "host_memory_bytes", "leftover_mib", "park_s", "parked_at")}
@@ -473,28 +475,28 @@ def _standby(record: dict, result: str) -> dict:
     }
 
 
-def standby_lines(report: dict, planned: bool) -> list[str]:
+def park_lines(report: dict, planned: bool) -> list[str]:
     """What a park did (or, in check mode, would do) on a node: the previous engine parked or why not, the parked
     engine woken, evicted or why it started cold, the engine left parked."""
-    standby = report.get("standby") or {}
-    if not standby or standby.get("mode") in (None, "off") and not report.get("parked"):
+    decision = report.get("park") or report.get("standby") or {}  # a report written before 55 has only standby
+    if not decision or decision.get("mode") in (None, "off") and not report.get("parked"):
         return []
     lines = []
     previous = report.get("from")
     # refused or failed before the drain: nothing was parked, woken or evicted
     acted = planned or report.get("result") in results.ACTED
-    if acted and standby.get("path") == "wake":
+    if acted and decision.get("path") == "wake":
         took = f" ({report['wake_s']:g} s to serving)" if report.get("wake_s") is not None else ""
         lines.append(f"{'would wake' if planned else 'woke'} the parked {report.get('to')}{took}")
-    elif acted and standby.get("previous") == "park" and (planned or report.get("park_s") is not None):
+    elif acted and decision.get("previous") == "park" and (planned or report.get("park_s") is not None):
         lines.append(f"{'would park' if planned else 'parked'} {previous} (its weights to host memory, its process kept)"
                      + (f" in {report['park_s']:g} s" if report.get("park_s") is not None else ""))
-    elif acted and standby.get("reason") and previous not in (None, "none", report.get("to")):
-        lines.append(f"{'would stop' if planned else 'stopped'} {previous}, not parked: {standby['reason']}")
-    if standby.get("evicted") and acted:
+    elif acted and decision.get("reason") and previous not in (None, "none", report.get("to")):
+        lines.append(f"{'would stop' if planned else 'stopped'} {previous}, not parked: {decision['reason']}")
+    if decision.get("evicted") and acted:
         lines.append(f"{'would evict' if planned else 'evicted'} the parked engine (torn down with the others)")
-    if standby.get("cold_reason") and acted:
-        lines.append(f"{report.get('to')} {'would start' if planned else 'started'} cold: {standby['cold_reason']}")
+    if decision.get("cold_reason") and acted:
+        lines.append(f"{report.get('to')} {'would start' if planned else 'started'} cold: {decision['cold_reason']}")
     parked = report.get("parked")
     if parked and not planned:
         left = parked.get("leftover_mib") or {}
@@ -606,7 +608,8 @@ def not_reached_report(target: str | None, reason: str, serving: list | None = N
             "out_of_rotation": None, "downtime_s": None, "downtime_parts_s": {}, "engine_start_s": None, "overhead_s": None,
             "preflight": [], "gpu_holders": None, "prewarm": None, "stage": None, "stage_draft": None, "stage_tokenizer": None,
             "replace_model": None, "answer_check": None, "answer_check_s": None, "rollback_answer_check": None, "plan": None,
-            "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "standby": None, "park_s": None, "wake_s": None, "parked": None,
+            "terminated": [], "killed": [], "memory_before": [], "memory_after": [], "park": None, "standby": None,
+            "park_s": None, "wake_s": None, "parked": None,
             "metrics_warnings": [], "escaped": []}
 
 
@@ -895,7 +898,7 @@ def switch_table(document: dict) -> str:
                            + ("" if prewarm.get("finished") else " (stopped at its time limit)"))
         elif prewarm and prewarm.get("skipped_reason") and not plan:
             details.append(f"{host}: prewarm skipped: {prewarm['skipped_reason']}")
-        details += [f"{host}: {line}" for line in standby_lines(report, bool(plan))]
+        details += [f"{host}: {line}" for line in park_lines(report, bool(plan))]
         for process in report.get("killed") or []:
             details.append(f"{host}: killed {process.get('pid')} {_shorten(process.get('cmdline') or '')}")
     headers = ["host", "from", "to", "result", "downtime s", "engine start s", "drain s", "teardown s", "bring-up s", "verify s", "total s", "killed"]

@@ -189,13 +189,13 @@ def plan(settings: Settings, node: Found) -> dict:
     bound = cutover_bound(target.get("ready_timeout") or 0.0, previous.get("ready_timeout") if previous else None, settings, stop_bound)
     cutover_lease = (settings.lease_seconds + bound + settings.soak_seconds + (settings.prewarm_timeout if where["prewarm"] == CUTOVER else 0.0)
                      + (PREFLIGHT_BOUND if where["preflight"] == CUTOVER else 0.0))
-    standby = park_plan(settings, node, would_change)
+    parking = park_plan(settings, node, would_change)
     checks = ["model", "gpus", "port", "holders"] if settings.check_mode and installs else ["executable", "model", "gpus", "port", "holders"]
-    if standby["wake"]:
+    if parking["wake"]:
         # the parked target holds its port and its GPUs already: what is checked is that it is still whole
         checks = [check for check in checks if check not in ("gpus", "port")]
     return {
-        "park": standby,
+        "park": parking,
         "replace": replacement(settings, node),
         "answer_check": answer_plan(settings, node, would_change),
         "unchanged": unchanged,
@@ -254,8 +254,10 @@ def park_plan(settings: Settings, node: Found, would_change: dict) -> dict:
     parked = node.parked or {}
     live = parked if parked.get("alive") else None
     wake = bool(live and live.get("engine") == settings.target and not any(would_change.values()))
-    # evicted: a live parked engine torn down as any engine, or the record of one that died removed
-    decision = {"mode": settings.park_previous, "previous": "stop", "reason": None, "wake": wake, "evict": bool(parked and not wake),
+    # evict: a live parked engine torn down as any engine; forget_record: the node's record of a parked engine goes
+    # with the cutover (evicted, or it died) - the cutover's own evict
+    decision = {"mode": settings.park_previous, "previous": "stop", "reason": None, "wake": wake, "evict": bool(live and not wake),
+                "forget_record": bool(parked and not wake),
                 "parked_unit": live.get("unit") if live else None, "path": "wake" if wake else "cold", "cold_reason": None, "refused": None}
     if live and not wake and live.get("engine") == settings.target:
         decision["cold_reason"] = f"the parked {live['engine']} is not what was asked (its unit, secrets or version change): evicted"

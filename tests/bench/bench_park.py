@@ -70,7 +70,7 @@ def main() -> None:
                 forward = switch("sglang", park)
                 back = switch("vllm", park)
                 run = {"forward_downtime_s": forward["downtime_s"], "park_s": forward["park_s"], "back_downtime_s": back["downtime_s"],
-                       "back_engine_start_s": back["engine_start_s"], "wake_s": back["wake_s"], "path": (back["standby"] or {}).get("path"),
+                       "back_engine_start_s": back["engine_start_s"], "wake_s": back["wake_s"], "path": (back["park"] or {}).get("path"),
                        "back_result": back["result"]}
                 runs[mode].append(run)
                 print(json.dumps({mode: run}), file=sys.stderr, flush=True)

@@ -204,7 +204,7 @@ def role_pinning(lab: Lab) -> dict:
 
     threads = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())["vllm_sleep_pin_threads"]
     config = {"unit": "vllm.service", "user": "vllm", "model": "m", "host": "127.0.0.1", "port": 8000, "restart": "always",
-              "ready_timeout": 60, "shutdown_timeout": 60, "executable": "/usr/local/bin/vllm", "standby": True, "standby_pin_threads": threads}
+              "ready_timeout": 60, "shutdown_timeout": 60, "executable": "/usr/local/bin/vllm", "parkable": True, "park_pin_threads": threads}
     lines = _engines.engine_facts(config, "vllm")["environment_lines"]
     return dict(line.strip('"').split("=", 1) for line in lines if line.strip('"').startswith("PYTORCH_CUDA_ALLOC_CONF="))
 

@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 MODES = ("off", "auto", "required")
 MIB = 1 << 20
 
-# (method, path, JSON body or None) of each engine's standby calls: vLLM's sleep mode (level 1 keeps the weights in
+# (method, path, JSON body or None) of each engine's park and wake calls: vLLM's sleep mode (level 1 keeps the weights in
 # host memory; level 2 drops them, which is no park), SGLang's memory saver (weights kept only with their CPU backup)
 CALLS = {
     "vllm": {"park": ("POST", "/sleep?level=1", None), "wake": ("POST", "/wake_up", None)},
@@ -48,7 +48,7 @@ def why_not_parkable(engine: str, argv: list[str], version: str | None) -> str |
             return (f"sglang runs without {' and '.join(missing)} (without the CPU backup its weights are discarded, not parked; "
                     "sglang_memory_saver: true takes effect at its next start)")
         return None
-    return f"{engine} has no standby"
+    return f"{engine} cannot be parked"
 
 
 def host_room(available_bytes: int | None, weights_bytes: int | None, margin_mib: int) -> str | None:

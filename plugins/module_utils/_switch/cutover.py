@@ -119,11 +119,11 @@ class CutoverRequest:
         prewarm = self.prewarm_timeout if self.prewarm_paths else 0.0
         # its version command, then NVML opened twice (the GPUs, their holders)
         preflight = self.preflight.version_timeout + 2 * self.preflight.nvml_timeout if self.preflight is not None else 0.0
-        standby = 2 * self.park_timeout if self.park_previous or self.wake else 0.0
+        park_calls = 2 * self.park_timeout if self.park_previous or self.wake else 0.0
         # the target's download, then the previous model's again
         replace = sum(float(stage.get("timeout") or 0) for stage in (self.replace_model, self.restage_previous) if stage) if self.replace_model else 0.0
         return (preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
-                + standby + replace)
+                + park_calls + replace)
 
 
 class NodeOps(TeardownOps):
@@ -164,12 +164,12 @@ class NodeOps(TeardownOps):
         raise NotImplementedError
 
     def park(self, engine: Engine, timeout: float) -> dict:
-        """Park the engine (its standby call); returns {seconds, invocation_id, leftover_mib {gpu: MiB}, gpus
+        """Park the engine (its park call, park.CALLS); returns {seconds, invocation_id, leftover_mib {gpu: MiB}, gpus
         [{index, total_mib}], host_memory_bytes}, measured once it answered; raises Error when it did not park."""
         raise NotImplementedError
 
     def wake(self, engine: Engine, timeout: float) -> dict:
-        """Wake the parked engine (its standby call): {seconds}; raises Error when it did not answer."""
+        """Wake the parked engine (its wake call, park.CALLS): {seconds}; raises Error when it did not answer."""
         raise NotImplementedError
 
     def record_parked(self, record: dict | None, measured: dict | None = None) -> None:

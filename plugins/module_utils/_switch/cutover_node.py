@@ -100,7 +100,7 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
 
     def park(self, engine: cutover.Engine, timeout: float) -> dict:
         started = time.monotonic()
-        self._standby(engine, "park", timeout)
+        self._park_call(engine, "park", timeout)
         seconds = round(time.monotonic() - started, 3)
         self._hold(engine.unit)
         state = self.systemctl.show(engine.unit)
@@ -118,10 +118,10 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
 
     def wake(self, engine: cutover.Engine, timeout: float) -> dict:
         started = time.monotonic()
-        self._standby(engine, "wake", timeout)
+        self._park_call(engine, "wake", timeout)
         return {"call_s": round(time.monotonic() - started, 3)}
 
-    def _standby(self, engine: cutover.Engine, action: str, timeout: float) -> None:
+    def _park_call(self, engine: cutover.Engine, action: str, timeout: float) -> None:
         method, path, body = park.CALLS[engine.engine][action]
         answer = http.HttpClient(engine.url, engine.api_key, timeout=timeout or 120).request(method, path, body)
         if answer.status != 200:

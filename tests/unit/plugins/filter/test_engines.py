@@ -370,45 +370,45 @@ def test_variables_in_their_documented_forms_pass():
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_an_engine_started_to_park_renders_its_standby_flags_parsed_by_the_real_options(engine):
-    facts = engines.engine_facts(config(engine, standby=True), engine)
+def test_an_engine_started_to_park_renders_its_park_flags_parsed_by_the_real_options(engine):
+    facts = engines.engine_facts(config(engine, parkable=True), engine)
     parsed = parse_rendered(engine, facts)
     if engine == "vllm":
         assert parsed.enable_sleep_mode and 'VLLM_SERVER_DEV_MODE=1' in " ".join(facts["environment_lines"])
     else:
         assert parsed.enable_memory_saver and parsed.enable_weights_cpu_backup, "without the CPU backup a release discards the weights"
-    assert facts["standby"]
+    assert facts["parkable"]
     plain = engines.engine_facts(config(engine), engine)
-    assert not plain["standby"] and "VLLM_SERVER_DEV_MODE" not in " ".join(plain["environment_lines"])
+    assert not plain["parkable"] and "VLLM_SERVER_DEV_MODE" not in " ".join(plain["environment_lines"])
     assert not {"--enable-sleep-mode", "--enable-memory-saver"} & set(plain["argv"])
 
 
 def test_a_vllm_started_to_park_pins_its_host_copy_in_threads_unless_the_operator_says_otherwise():
     def pinning(**overrides):
-        lines = engines.engine_facts(config("vllm", standby=True, **overrides), "vllm")["environment_lines"]
+        lines = engines.engine_facts(config("vllm", parkable=True, **overrides), "vllm")["environment_lines"]
         return [line.strip('"') for line in lines if "PYTORCH_CUDA_ALLOC_CONF" in line]  # systemd's quoted assignments
 
-    assert pinning(standby_pin_threads=16) == ["PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:16"]
-    assert pinning(standby_pin_threads=0) == pinning(standby_pin_threads="") == [], "0 keeps PyTorch's default pinning"
+    assert pinning(park_pin_threads=16) == ["PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:16"]
+    assert pinning(park_pin_threads=0) == pinning(park_pin_threads="") == [], "0 keeps PyTorch's default pinning"
     # the operator's own setting is written after the role's: systemd keeps the last assignment
-    assert pinning(standby_pin_threads=8, environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})[-1] == (
+    assert pinning(park_pin_threads=8, environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})[-1] == (
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
     for threads in (12, 256, -1):
         with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_pin_threads: "):
-            engines.engine_facts(config("vllm", standby=True, standby_pin_threads=threads), "vllm")
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in " ".join(engines.engine_facts(config("vllm", standby_pin_threads=16), "vllm")["environment_lines"]), (
+            engines.engine_facts(config("vllm", parkable=True, park_pin_threads=threads), "vllm")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in " ".join(engines.engine_facts(config("vllm", park_pin_threads=16), "vllm")["environment_lines"]), (
         "an engine that never parks pins nothing at park time")
 
 
-def test_standby_never_opens_the_park_routes_beyond_loopback():
+def test_a_parkable_engine_never_opens_the_park_routes_beyond_loopback():
     # vLLM's API key guards /v1 only: its sleep routes would be open whatever the key
     with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: vLLM's sleep routes are not guarded by its API key and vllm_host 0.0.0.0"):
-        engines.engine_facts(config("vllm", standby=True, host="0.0.0.0", api_key="sk-key"), "vllm")
+        engines.engine_facts(config("vllm", parkable=True, host="0.0.0.0", api_key="sk-key"), "vllm")
     with pytest.raises(engines.EngineArgsError, match="^sglang_memory_saver: sglang_host 0.0.0.0 is not a loopback address and sglang_api_key"):
-        engines.engine_facts(config("sglang", standby=True, host="0.0.0.0", allow_unauthenticated=True), "sglang")
-    assert engines.engine_facts(config("sglang", standby=True, host="0.0.0.0", api_key="sk-key"), "sglang")["standby"]
+        engines.engine_facts(config("sglang", parkable=True, host="0.0.0.0", allow_unauthenticated=True), "sglang")
+    assert engines.engine_facts(config("sglang", parkable=True, host="0.0.0.0", api_key="sk-key"), "sglang")["parkable"]
     with pytest.raises(engines.EngineArgsError, match="^vllm_sleep_mode: give true or false, got 'sometimes'"):
-        engines.engine_facts(config("vllm", standby="sometimes"), "vllm")
+        engines.engine_facts(config("vllm", parkable="sometimes"), "vllm")
 
 
 def test_one_quant_of_a_hub_repository_is_served_from_the_file_it_was_merged_into():

@@ -79,6 +79,7 @@ ALIASES = [(r"\.units\[\]\.(killed|terminated)\[\]\.", ".killed[]."), (r"\.(term
            (r"\.outside\[\]\.(?!placement)", ".killed[]."),
            (r"\.memory_before\[\]\.", ".memory_after[]."),
            (r"\.leftover_mib\.\d+$", ".leftover_mib"),  # keyed by GPU index
+           (r"\.standby\.", ".park."),  # the park's first name: the same dict (asserted where produced)
            (r"\.stage_tokenizer\.", ".stage."),  # documented as "the same keys as stage"
            (r"\.rollback_answer_check\.", ".answer_check.")]
 
@@ -354,9 +355,9 @@ PARKED_VLLM = {"engine": "vllm", "unit": "vllm.service", "model": "llama70b", "i
 
 
 def test_the_switch_document_matches_its_documentation():
-    standby = {"standby": {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "path": "cold", "cold_reason": None},
+    parking = {"park_decision": {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "path": "cold", "cold_reason": None},
                "park": dict(PARKED_VLLM, parked=True, seconds=0.4), "parked": PARKED_VLLM}
-    hosts = {"node1": reports.switch_host_report(rotated_record(**standby)), "node2": reports.switch_host_report(planned_record()), "node3": None,
+    hosts = {"node1": reports.switch_host_report(rotated_record(**parking)), "node2": reports.switch_host_report(planned_record()), "node3": None,
              "node4": reports.switch_host_report(replaced_record())}
     document = reports.switch_run_report(hosts, {"run_id": "r", "target": "sglang", "started": T0, "finished": T0 + 20,
                                                  "parameters": {"hosts": "gpu_nodes", "limit": None, "serial": [1, "25%"],
@@ -365,6 +366,8 @@ def test_the_switch_document_matches_its_documentation():
     assert document["summary"] == {"hosts": 4, "switched": 1, "unchanged": 0, "would_switch": 1, "preflight_failed": 0, "rolled_back": 1,
                                    "rollback_failed": 0, "failed": 0, "unreachable": 0, "not_reached": 1}
     assert set(document["hosts"]["node3"]) == set(document["hosts"]["node1"]), "a host not reached has every key"
+    assert document["hosts"]["node1"]["park"]["previous"] == "park"
+    assert all(host["standby"] == host["park"] for host in document["hosts"].values()), "standby stays the park's decision, for old tooling"
     assert_matches_docs(document, "switch_engine.json")
 
 

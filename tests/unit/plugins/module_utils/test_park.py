@@ -89,7 +89,8 @@ def plan(mode="auto", previous="vllm", parked=None, files=None, argv=VLLM_SLEEPS
 
 def test_the_planner_parks_where_the_engine_and_the_host_allow_and_says_why_not_elsewhere():
     assert plan("off")["park"]["previous"] == "stop"
-    assert plan()["park"] | {} == {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "parked_unit": None,
+    assert plan()["park"] | {} == {"mode": "auto", "previous": "park", "reason": None, "wake": False, "evict": False, "forget_record": False,
+                                   "parked_unit": None,
                                    "path": "cold", "cold_reason": None, "refused": None}
     cpu = plan(version="0.32.0+cpu")["park"]
     assert cpu["previous"] == "stop" and cpu["reason"] == "vLLM 0.32.0+cpu is a CPU build: it has no sleep mode" and cpu["refused"] is None
@@ -130,8 +131,9 @@ def test_the_planner_wakes_the_parked_target_evicts_a_changed_one_and_starts_col
     assert other["evict"], "at most one engine parked per node"
     dead = plan(previous="sglang", parked=dict(parked_vllm, alive=False, reason="the parked vllm died (vllm.service is failed)"),
                 target="vllm", argv=SGLANG_SAVES)["park"]
-    assert not dead["wake"] and dead["cold_reason"] == "the parked vllm died (vllm.service is failed)"
-    assert dead["evict"], "the record of a parked engine that died goes with the cutover (the planner's one answer; the role widens nothing)"
+    assert not dead["wake"] and not dead["evict"] and dead["cold_reason"] == "the parked vllm died (vllm.service is failed)"
+    assert dead["forget_record"] and changed["forget_record"], "the record of a parked engine that died goes with the cutover (the planner's answer)"
+    assert not wake["park"]["forget_record"], "a woken engine's record is the cutover's to remove"
 
 
 class ParkingNode(Node):
