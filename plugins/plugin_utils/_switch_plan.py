@@ -22,6 +22,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _results a
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers, park
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import longest_run
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
 from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
 
@@ -114,14 +115,11 @@ def before_read(settings: Settings) -> dict:
     return {"rotation_error": error, "first_lease_seconds": settings.lease_seconds + (settings.prewarm_timeout if settings.prewarm else 0.0)}
 
 
-def teardown_bound(stop_timeout: float, kill_timeout: float, term_timeout: float, memory_timeout: float) -> float:
-    return float(stop_timeout) + 2 * float(kill_timeout) + float(term_timeout) + float(memory_timeout)
-
-
 def cutover_bound(target_ready_timeout: float, previous_ready_timeout: float | None, settings: Settings, stop_bound: float) -> float:
     """Seconds the cutover's engines may take: the drain, two teardowns (the switch's and a rollback's), the target's
     start and the previous engine's start again."""
-    teardown = teardown_bound(stop_bound, settings.kill_timeout, settings.term_timeout, settings.memory_timeout)
+    # one unit serves and takes its stop bound; the others are stopped already
+    teardown = longest_run(1, stop_bound, settings.kill_timeout, settings.term_timeout, settings.memory_timeout)
     return round(settings.drain_timeout + 2 * teardown + float(target_ready_timeout) + float(previous_ready_timeout or 0.0), 1)
 
 

@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease, metrics, parked
-from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, teardown
+from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, longest_run, teardown
 
 # the steps a cleanup may be given (its option ``steps``): the memory step is the report's "after"
 STEPS = ("units", "holders", "memory")
@@ -33,8 +33,8 @@ STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that 
 
 def lease_seconds(params: dict) -> float:
     """Long enough for every bound of the teardown, with a margin; an owner that dies loses it after this."""
-    return (len(params["units"]) * (params["stop_timeout"] + params["kill_timeout"] + 1) + params["term_timeout"]
-            + params["holders_kill_timeout"] + params["memory_timeout"] + 120)
+    return longest_run(len(params["units"]), params["stop_timeout"], params["kill_timeout"], params["term_timeout"], params["memory_timeout"],
+                       params["holders_kill_timeout"]) + 120
 
 
 def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: lease.LeaseStore | None = None) -> dict:

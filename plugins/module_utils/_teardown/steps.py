@@ -47,6 +47,14 @@ class TeardownOps:
         raise NotImplementedError
 
 
+def longest_run(units: int, stop_timeout: float, kill_timeout: float, term_timeout: float, memory_timeout: float,
+                holders_kill_timeout: float | None = None) -> float:
+    """An upper bound of a teardown's own waits - the one formula for the cleanup's lease and the switch's: each unit's
+    stop, then SIGKILL of its group and a settle; the holders' SIGTERM, then SIGKILL; the memory polled free."""
+    holders_kill = kill_timeout if holders_kill_timeout is None else holders_kill_timeout
+    return float(units * (stop_timeout + kill_timeout + 1) + term_timeout + holders_kill + memory_timeout)
+
+
 def teardown(units: list[str], ops: TeardownOps, stop_timeout: float, decide: bool = False, only: tuple = STEPS,
              kept: tuple[str, ...] = (), leave_foreign: bool = False) -> dict:
     """Stop every engine unit of ``units`` hard, kill what still holds the GPUs, assert every GPU free (the steps of
