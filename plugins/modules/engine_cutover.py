@@ -5,25 +5,16 @@
 
 from __future__ import annotations
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import PYNVML_IMPORT_ERROR, pynvml
 from ansible_collections.gpufleet.serving.plugins.module_utils._node import parked
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, cutover_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.options import TEARDOWN_OPTIONS
-
-try:
-    import pynvml
-except ImportError:
-    pynvml = None
-    PYNVML_IMPORT_ERROR = traceback.format_exc()
-else:
-    PYNVML_IMPORT_ERROR = None
 
 ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
                       url=dict(type="str", required=True), model=dict(type="str", required=True), api_key=dict(type="str", no_log=True),

@@ -5,22 +5,12 @@
 
 from __future__ import annotations
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import pynvml
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import preflight, preflight_node
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl, restart_policy_reader, systemd_runs
-
-try:
-    import pynvml
-except ImportError:
-    pynvml = None
-    PYNVML_IMPORT_ERROR = traceback.format_exc()
-else:
-    PYNVML_IMPORT_ERROR = None
-
 
 ARGUMENT_SPEC = preflight_node.OPTIONS
 

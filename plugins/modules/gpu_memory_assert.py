@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import memory
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import PYNVML_IMPORT_ERROR, pynvml
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
-
-try:
-    import pynvml
-except ImportError:
-    pynvml = None
-    PYNVML_IMPORT_ERROR = traceback.format_exc()
-else:
-    PYNVML_IMPORT_ERROR = None
 
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str"),

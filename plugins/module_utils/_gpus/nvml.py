@@ -19,8 +19,17 @@ import os
 import select
 import signal
 import time
+import traceback
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, NvmlHung, NvmlUnavailable
+
+try:
+    import pynvml
+except ImportError:  # a module that needs it fails naming it (missing_required_lib), with this traceback
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+else:
+    PYNVML_IMPORT_ERROR = None
 
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9

@@ -55,12 +55,7 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
         return " ".join(systemd.exec_start_argv(properties.get("ExecStart")))
 
     def read_answers(self, path: str) -> dict | None:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
+        return files.read_json_object(path)
 
     def write_answers(self, path: str, record: dict) -> None:
         try:
