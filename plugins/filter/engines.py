@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The engine_facts, engine_secrets, unauthenticated_binds, unit_command, engine_identity, matches_pin
+"""The engine_facts, engine_owner, engine_secrets, unauthenticated_binds, unit_command, engine_identity, matches_pin
 and virtualenvs_to_prune filters: an engine's unit, command line, URL and secrets from its role's variables, and what a unit runs.
 
 See plugins/plugin_utils/_engines.py; the vllm and sglang roles publish its result as vllm_facts / sglang_facts.
@@ -21,6 +21,13 @@ from ansible_collections.gpufleet.serving.plugins.plugin_utils import _engines
 def engine_facts(config: dict, engine: str) -> dict:
     try:
         return _engines.engine_facts(config, engine)
+    except _engines.EngineArgsError as error:
+        raise AnsibleFilterError(f"{engine} role: {error}") from None
+
+
+def engine_owner(config: dict, engine: str) -> dict:
+    try:
+        return _engines.engine_owner(config, engine)
     except _engines.EngineArgsError as error:
         raise AnsibleFilterError(f"{engine} role: {error}") from None
 
@@ -59,7 +66,7 @@ def virtualenvs_to_prune(found: list, root: str, keep, current: str, previous: s
 
 class FilterModule:
     def filters(self):
-        return {"engine_facts": engine_facts, "engine_secrets": engine_secrets, "unauthenticated_binds": unauthenticated_binds,
+        return {"engine_facts": engine_facts, "engine_owner": engine_owner, "engine_secrets": engine_secrets, "unauthenticated_binds": unauthenticated_binds,
                 "unit_command": _engines.unit_command, "engine_identity": engine_identity, "matches_pin": _versions.matches_pin,
                 "reported_version": _versions.reported_version,
                 "virtualenvs_to_prune": virtualenvs_to_prune}

@@ -339,10 +339,10 @@ def parkable(read: _Reader) -> bool:
     host = read.text("host") or "127.0.0.1"
     if read.engine == "vllm" and not is_loopback(host):
         read.fail("parkable", f"vLLM's sleep routes are not guarded by its API key and vllm_host {host} is not a loopback "
-                             "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
+                              "address: bind it to 127.0.0.1 (a balancer on the node reaches it there) or leave vllm_sleep_mode false")
     if read.engine == "sglang" and not is_loopback(host) and not read.config.get("api_key"):
         read.fail("parkable", f"sglang_host {host} is not a loopback address and sglang_api_key is empty: its "
-                             "memory routes would be open to anyone who reaches the port")
+                              "memory routes would be open to anyone who reaches the port")
     return True
 
 
@@ -414,6 +414,23 @@ def _escaped(read: _Reader, key: str, escape, items) -> list[str]:
         read.fail(key, str(error))
 
 
+def _owner(read: _Reader) -> tuple[str, str]:
+    """The engine's unit and the user it runs as, checked."""
+    unit = read.text("unit", required=True)
+    if not unit.endswith(".service") or "/" in unit or len(unit) <= len(".service"):
+        read.fail("unit", f"give a service unit name such as {read.engine}.service, got {unit!r}")
+    return unit, read.text("user", required=True)
+
+
+def engine_owner(config: dict, engine: str) -> dict:
+    """What a cleanup needs of an engine - its unit and its user - without rendering the rest of its facts (the same
+    checks as engine_facts' for these two)."""
+    if engine not in ENGINES:
+        raise EngineArgsError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    unit, user = _owner(_Reader(config, engine))
+    return {"engine": engine, "unit": unit, "user": user, "dedicated_user": user != "root"}
+
+
 def engine_facts(config: dict, engine: str) -> dict:
     """Everything the role and the switch need to know of one engine, from its role's variables.
 
@@ -423,9 +440,7 @@ def engine_facts(config: dict, engine: str) -> dict:
     if engine not in ENGINES:
         raise EngineArgsError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
     read = _Reader(config, engine)
-    unit = read.text("unit", required=True)
-    if not unit.endswith(".service") or "/" in unit or len(unit) <= len(".service"):
-        read.fail("unit", f"give a service unit name such as {engine}.service, got {unit!r}")
+    unit, user = _owner(read)
     port = _port(read)
     host = read.text("host") or "127.0.0.1"
     shutdown = read.number("shutdown_timeout", minimum=0)
@@ -441,7 +456,6 @@ def engine_facts(config: dict, engine: str) -> dict:
         read.fail("host", f"{host} is not a loopback address and {variable(engine, 'api_key')} is empty: anyone who reaches "
                           f"the port could use the engine. Set {variable(engine, 'api_key')}, bind to 127.0.0.1, or set "
                           f"{variable(engine, 'allow_unauthenticated')}: true if something in front of it authenticates")
-    user = read.text("user", required=True)
     stem = unit[: -len(".service")]
     facts = {
         "engine": engine,

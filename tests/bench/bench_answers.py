@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "collections"))  # linked by make setup
 sys.path.insert(0, str(REPO / "tests" / "sim"))
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers as answers  # noqa: E402
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers  # noqa: E402
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http  # noqa: E402
 
 

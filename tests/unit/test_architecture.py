@@ -32,8 +32,8 @@ def imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == f"{PACKAGE}.module_utils" or (node.module.startswith(f"{PACKAGE}.module_utils._")
-                                                              and (MODULE_UTILS / node.module.split(".")[-1]).is_dir()):
+            room = node.module.startswith(f"{PACKAGE}.module_utils._") and (MODULE_UTILS / node.module.split(".")[-1]).is_dir()
+            if node.module == f"{PACKAGE}.module_utils" or room:
                 found |= {f"{node.module[len(PACKAGE) + 1:]}.{alias.name}" for alias in node.names}
             elif node.module.startswith(PACKAGE + "."):
                 found.add(node.module[len(PACKAGE) + 1:])

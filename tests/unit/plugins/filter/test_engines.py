@@ -443,3 +443,15 @@ def test_a_gguf_is_served_with_its_base_models_tokenizer_and_config_staged_apart
     assert plain[plain.index("--tokenizer") + 1] == "/models/tok" and "--hf-config-path" not in plain, "not a GGUF: its own config"
     with pytest.raises(engines.EngineArgsError, match="vllm_tokenizer: 'org/x:Q4' is not an absolute path or a hub repository"):
         engines.engine_facts(config("vllm", tokenizer="org/x:Q4"), "vllm")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_cleanup_reads_an_engines_unit_and_user_as_its_facts_have_them_without_rendering_the_rest(engine):
+    owner = engines.engine_owner(config(engine, user="root"), engine)
+    facts = engines.engine_facts(config(engine, user="root"), engine)
+    assert owner == {key: facts[key] for key in ("engine", "unit", "user", "dedicated_user")}
+    assert engines.engine_owner(config(engine), engine)["dedicated_user"]
+    # the same checks for these two; the rest (a port out of range) is the facts' to refuse
+    with pytest.raises(engines.EngineArgsError, match=f"{engine}_unit: give a service unit name"):
+        engines.engine_owner(config(engine, unit="x.socket"), engine)
+    assert engines.engine_owner(config(engine, port=99999), engine)["unit"] == f"{engine}.service"
