@@ -23,8 +23,9 @@ import traceback
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, NvmlHung, NvmlUnavailable
 
+# the modules import nvidia-ml-py from here (re-exported: one import for all of them)
 try:
-    import pynvml
+    import pynvml  # pylint: disable=unused-import
 except ImportError:  # a module that needs it fails naming it (missing_required_lib), with this traceback
     pynvml = None
     PYNVML_IMPORT_ERROR = traceback.format_exc()
