@@ -22,8 +22,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps i
 
 # the steps a cleanup may be given (its option ``steps``): the memory step is the report's "after"
 STEPS = ("units", "holders", "memory")
-# the steps as the report names a failed one (the gpu_teardown role's step names)
-STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that holds it",
+# what the report's failed_step says for each step: the names the role's tasks had before the teardown became one
+# module run, kept as they are - tooling matches on them (the report is a contract)
+FAILED_STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that holds it",
               "before": "Measure | GPU memory before the teardown",
               "decide": "Decide | Find and classify every GPU holder; refuse before any unit is stopped",
               "units": "Stop units | Stop each engine unit and empty its control group",
@@ -62,7 +63,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
         except (LockTimeout, RequesterGone) as exc:
             failure = dict(exc.context, failed=True, msg=exc.msg)
             return {"changed": False, "result": "lease_held", "msg": exc.msg, "holder": exc.context.get("holder"),
-                    "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": STEP_NAMES["lease"], "failure": failure}}
+                    "steps": {"check_mode": False, "run_id": owner, "lease": failure, "failed_step": FAILED_STEP_NAMES["lease"], "failure": failure}}
     kept = kept_units(params, node)
     fate = parked_fate(params, units, kept, node, False)
     try:
@@ -80,7 +81,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
             store.release(owner)
     steps.update(run_id=owner, lease=taken or {}, parked=fate)
     if steps.get("failed_step"):
-        steps["failed_step"] = STEP_NAMES.get(steps["failed_step"], steps["failed_step"])
+        steps["failed_step"] = FAILED_STEP_NAMES.get(steps["failed_step"], steps["failed_step"])
     changed = any(unit.get("changed") for unit in (steps.get("units") or {}).get("results") or []) or bool(
         (steps.get("holders") or {}).get("changed"))
     outcome = dict(result, changed=changed, steps=steps)
@@ -151,7 +152,7 @@ def plan(params: dict, units: list[str], node) -> dict:
             steps["holders"] = node.decide(stopped, kept) if kept else node.decide(stopped)
         except Error as exc:  # the plan names the refusal; the run would fail there
             steps["holders"] = dict(exc.context, failed=True, msg=exc.msg)
-            steps.update(failed_step=STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))
+            steps.update(failed_step=FAILED_STEP_NAMES["decide"], failure=dict(exc.context, failed=True, msg=exc.msg))
     steps["after"] = steps["before"]
     steps["parked"] = parked_fate(params, units, kept, node, True)
     return steps
