@@ -25,11 +25,11 @@ STEPS = ("units", "holders", "memory")
 # what the report's failed_step says for each step: the names the role's tasks had before the teardown became one
 # module run, kept as they are - tooling matches on them (the report is a contract)
 FAILED_STEP_NAMES = {"lease": "Lease | Take the node's lease, or wait for the run that holds it",
-              "before": "Measure | GPU memory before the teardown",
-              "decide": "Decide | Find and classify every GPU holder; refuse before any unit is stopped",
-              "units": "Stop units | Stop each engine unit and empty its control group",
-              "holders": "Kill holders | Kill every unprotected process still holding the GPUs",
-              "after": "Assert memory | Every selected GPU is free of what the engines held"}
+                     "before": "Measure | GPU memory before the teardown",
+                     "decide": "Decide | Find and classify every GPU holder; refuse before any unit is stopped",
+                     "units": "Stop units | Stop each engine unit and empty its control group",
+                     "holders": "Kill holders | Kill every unprotected process still holding the GPUs",
+                     "after": "Assert memory | Every selected GPU is free of what the engines held"}
 
 
 def lease_seconds(params: dict) -> float:
