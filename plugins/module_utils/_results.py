@@ -17,6 +17,8 @@ SWITCH = (SWITCHED, UNCHANGED, WOULD_SWITCH, PREFLIGHT_FAILED, ROLLED_BACK, ROLL
 SWITCH_SUCCESSES = (SWITCHED, UNCHANGED, WOULD_SWITCH)
 # what the cutover's one module run ends with (preflight_failed and failed: stopped before the drain, nothing stopped)
 CUTOVER = (SWITCHED, ROLLED_BACK, ROLLBACK_FAILED, PREFLIGHT_FAILED, FAILED)
+# a check-mode run of the cutover's rollback alone (engine_cutover's rollback_reason): its plan
+WOULD_ROLL_BACK = "would_roll_back"
 # the cutover touched the engines
 ACTED = (SWITCHED, ROLLED_BACK, ROLLBACK_FAILED)
 # the node ended with an engine serving: the target, or the previous one again

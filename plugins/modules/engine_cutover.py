@@ -25,6 +25,7 @@ ARGUMENT_SPEC = dict(
     target=dict(type="dict", required=True, options=ENGINE_OPTIONS),
     previous=dict(type="dict", options=ENGINE_OPTIONS),
     boot=dict(type="bool", default=False),
+    rollback_reason=dict(type="str"),
     restore=dict(type="list", elements="dict", default=[], options=dict(src=dict(type="path", required=True), dest=dict(type="path", required=True))),
     drain_timeout=dict(type="float", default=120),
     stop_grace=dict(type="float", default=15),
@@ -74,7 +75,7 @@ def main() -> None:
         request = cutover_node.request_from_params(module.params)
         node = cutover_node.CutoverNode(module, module.params, ProcReader(), lambda: pynvml)
         if module.check_mode:
-            module.exit_json(longest_run=request.longest_run, **cutover_node.plan(request, node.systemctl))
+            module.exit_json(longest_run=request.longest_run, **cutover_node.plan(request, node.systemctl, rollback=bool(module.params["rollback_reason"])))
         result = cutover_node.run(module.params, request, node)
     except Error as exc:
         module.fail_json(msg=exc.msg, **exc.context)

@@ -31,9 +31,51 @@ def cutover_engine(facts: dict) -> dict:
             "api_key": facts.get("api_key") or None, "ready_timeout": float(facts["ready_timeout"])}
 
 
-def cutover_record(result: dict) -> dict:
+# what the switch reads of a cutover's result after it (its report, its finish): the record's `node`
+NODE_KEYS = ("serving_since", "cutover_result", "boot_error", "lease_released", "park", "wake", "parked", "metrics_warnings", "replace",
+             "restage", "answer_check", "rollback_answer_check")
+# of those, what the rollback alone (engine_cutover's rollback_reason) changes over the cutover's before it
+ROLLBACK_NODE_KEYS = ("serving_since", "boot_error", "lease_released", "parked", "metrics_warnings", "restage", "rollback_answer_check")
+
+
+def cutover_record(result: dict, engine_of: dict | None = None, enabled: list | None = None) -> dict:
     """What the switch keeps of engine_cutover's result: the node's phase marks (its `end` dropped: the controller's next
-    mark ends the last phase), the teardowns as gpu_teardown records, the outcome, and the engine's own start time."""
+    mark ends the last phase), the teardowns as gpu_teardown records, the outcome, and the engine's own start time;
+    ``node``, what the switch reads of it afterwards; ``enabled``, the engines enabled at boot once it ended (``enabled``,
+    as they were, where it did not set the boot state; ``engine_of``: unit -> engine name)."""
+    record = _cutover_record(result)
+    record["node"] = {key: record[key] for key in NODE_KEYS if key in record}
+    boot = record["boot"]
+    at_boot = (engine_of or {}).get(boot["at_boot"]) if boot else None
+    record["enabled"] = list(enabled or []) if boot is None else [at_boot] if at_boot else []
+    return record
+
+
+def rollback_record(result: dict, engine_of: dict, enabled: list, before: dict | None) -> dict:
+    """What the switch keeps of engine_cutover's rollback alone (the controller's rollback): as cutover_record, with
+    ``node`` the cutover's before it (``before``: its record's ``node``, none where its run failed as a task) updated
+    with what the rollback changed - the cutover's own result stays what it was."""
+    record = cutover_record(result, engine_of, enabled)
+    record["node"] = dict(before or {}, **{key: record["node"][key] for key in ROLLBACK_NODE_KEYS if key in record["node"]})
+    return record
+
+
+def lost_during(result: dict, phase: str, owner: str | None = None) -> dict | None:
+    """A task of the switch on the node lost it - unreachable, or another run holds the lease: engine_cutover's
+    lease_lost (nothing was touched), or a renewal by host_lease whose holder is not ``owner``. The switch's outcome
+    for it ({result, reason}); None where it was not lost (a skipped task lost nothing)."""
+    if result.get("unreachable"):
+        return {"result": results.UNREACHABLE, "reason": f"became unreachable during {phase}: {result.get('msg') or ''}"}
+    if result.get("skipped"):
+        return None
+    if result.get("result") == "lease_lost":
+        return {"result": results.FAILED, "reason": f"lost the switch lease during {phase} ({result.get('reason')})"}
+    if owner is not None and ((result.get("holder") or {}).get("owner") or "") != owner:
+        return {"result": results.FAILED, "reason": f"lost the switch lease during {phase} ({result.get('msg') or ''})"}
+    return None
+
+
+def _cutover_record(result: dict) -> dict:
     outcome = result.get("result")
     if outcome not in CUTOVER_RESULTS:
         raise SwitchError(f"engine_cutover result {outcome!r} is not one of {', '.join(CUTOVER_RESULTS)}")

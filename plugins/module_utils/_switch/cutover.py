@@ -223,10 +223,7 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
     """Drain, tear down, bring up; on a failure after the drain began, roll back. The result always returns (a
     failure is its ``result``), so that the controller records every phase whatever happened."""
     phases = Phases(clock, wall_now)
-    result: dict = {"changed": True, "result": "switched", "reason": None, "rollback_error": None, "drain": None, "teardown": None,
-                    "rollback_teardown": None, "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None,
-                    "boot_error": None, "preflight": None, "files": None, "park": None, "wake": None, "replace": None, "restage": None,
-                    "answer_check": None, "rollback_answer_check": None}
+    result = empty_result("switched")
     if not prepare(request, ops, phases, result):
         phases.enter("end")
         result["marks"] = phases.marks
@@ -296,20 +293,51 @@ def cutover(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float
             result["soak"] = exc.context.get("soak")
         if isinstance(exc, NotParked):
             result["park"] = exc.context.get("park")
-        phases.enter("rollback")
-        try:
-            result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")), result=result, clock=clock)
-        except Error as rollback_exc:
-            result["rollback_error"] = rollback_exc.msg
-            result["result"] = "rollback_failed"
-            if isinstance(rollback_exc, TeardownFailed):
-                result["rollback_teardown"] = rollback_exc.context["steps"]
-        # the engine meant to serve now starts at boot, whether its rollback came up or not
-        set_boot(request, ops, request.previous.unit if request.previous else None, result)
+        roll_back(request, ops, clock, phases, result)
     record_parked(request, ops, result)
     phases.enter("end")
     result["marks"] = phases.marks
     return result
+
+
+def empty_result(outcome: str) -> dict:
+    """A cutover's result before any step ran: every key the report reads, none filled."""
+    return {"changed": True, "result": outcome, "reason": None, "rollback_error": None, "drain": None, "teardown": None, "rollback_teardown": None,
+            "engine_start_s": None, "ready": None, "soak": None, "prewarm": None, "boot": None, "boot_error": None, "preflight": None, "files": None,
+            "park": None, "wake": None, "replace": None, "restage": None, "answer_check": None, "rollback_answer_check": None}
+
+
+def rollback_alone(request: CutoverRequest, ops: NodeOps, clock: Clock, wall_now: float, reason: str, parked_unit: str | None = None) -> dict:
+    """The switch's one rollback, asked for by the controller when the cutover did not run it: a failure the controller
+    saw after the cutover switched (the soak after the balancer's join, the drafter's floor), or a cutover whose own run
+    failed as a task. ``parked_unit``: the engine the node's park record names - the previous engine parked by the
+    cutover is woken, not started. The same steps, boot state and park record as the cutover's own rollback, and the
+    same result keys."""
+    phases = Phases(clock, wall_now)
+    result = empty_result("rolled_back")
+    result["reason"] = reason
+    if request.previous and parked_unit == request.previous.unit:
+        result["park"] = {"parked": True}
+    roll_back(request, ops, clock, phases, result)
+    record_parked(request, ops, result)
+    phases.enter("end")
+    result["marks"] = phases.marks
+    return result
+
+
+def roll_back(request: CutoverRequest, ops: NodeOps, clock: Clock, phases: Phases, result: dict) -> None:
+    """The rollback phase: its steps (rollback()), a failure of theirs as the result's rollback_failed, then only the
+    previous engine at boot."""
+    phases.enter("rollback")
+    try:
+        result["rollback_teardown"] = rollback(request, ops, parked=bool((result.get("park") or {}).get("parked")), result=result, clock=clock)
+    except Error as rollback_exc:
+        result["rollback_error"] = rollback_exc.msg
+        result["result"] = "rollback_failed"
+        if isinstance(rollback_exc, TeardownFailed):
+            result["rollback_teardown"] = rollback_exc.context["steps"]
+    # the engine meant to serve now starts at boot, whether its rollback came up or not
+    set_boot(request, ops, request.previous.unit if request.previous else None, result)
 
 
 def park_previous(request: CutoverRequest, ops: NodeOps, result: dict) -> tuple[str, ...]:

@@ -323,7 +323,12 @@ def run(params: dict, request: cutover.CutoverRequest, node: CutoverNode) -> dic
                         reason=f"{params['lease_name']} is held by {renewed.holder['owner']}: nothing was touched")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     with host_lock(store.work_path, 5):
-        result = cutover.cutover(request, node, Clock(), time.time())
+        if params["rollback_reason"]:
+            # the controller's rollback: whichever engine the node's park record names is woken, not started
+            parked_unit = (parked.read_record(params["parked_path"]) or {}).get("unit")
+            result = cutover.rollback_alone(request, node, Clock(), time.time(), params["rollback_reason"], parked_unit)
+        else:
+            result = cutover.cutover(request, node, Clock(), time.time())
     finish(result, params, store, request)
     for warning in unwritten_records(result):
         node.host.warn(warning)
@@ -338,12 +343,19 @@ def unwritten_records(result: dict) -> list[str]:
     return [f"{what} was not written: {problem}" for what, problem in problems if problem]
 
 
-def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl) -> dict:
-    """Check mode: which units would be stopped and which started."""
+def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl, rollback: bool = False) -> dict:
+    """Check mode: which units would be stopped and which started (the previous engine's, for a rollback)."""
+    if rollback:
+        active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
+        return dict(empty_plan(), result=results.WOULD_ROLL_BACK, units_to_stop=active, unit_to_start=request.previous.unit if request.previous else None)
     kept = request.previous.unit if request.park_previous else request.target.unit if request.wake else None
     active = [unit for unit in request.units if unit != kept and systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]
     standby = "would park " + request.previous.unit if request.park_previous else "would wake " + request.target.unit if request.wake else None
-    return dict(changed=True, result="would_switch", units_to_stop=active, unit_to_start=request.target.unit, marks=[], standby=standby,
+    return dict(empty_plan(), units_to_stop=active, unit_to_start=request.target.unit, standby=standby)
+
+
+def empty_plan() -> dict:
+    return dict(changed=True, result=results.WOULD_SWITCH, units_to_stop=[], unit_to_start=None, marks=[], standby=None,
                 park=None, wake=None,
                 engine_start_s=None, reason=None, rollback_error=None, drain=None, teardown=None, rollback_teardown=None, soak=None, prewarm=None,
                 boot=None, boot_error=None, lease_released=False, preflight=None, files=None, record=None, replace=None, restage=None,

@@ -60,6 +60,47 @@ def test_a_failed_teardown_and_a_failed_rollback_keep_their_reasons():
         _switch.cutover_record({"result": "maybe"})
 
 
+ENGINE_OF = {"vllm.service": "vllm", "sglang.service": "sglang"}
+
+
+def test_the_boot_state_the_cutover_left_names_the_engine_enabled_and_none_set_keeps_what_was():
+    switched = {"result": "switched", "marks": [["bring_up", 10.0], ["end", 12.0]], "boot": {"at_boot": "sglang.service"}}
+    assert _switch.cutover_record(switched, ENGINE_OF, ["vllm"])["enabled"] == ["sglang"]
+    assert _switch.cutover_record(dict(switched, boot={"at_boot": None}), ENGINE_OF, ["vllm"])["enabled"] == [], "no engine at boot"
+    assert _switch.cutover_record(dict(switched, boot=None), ENGINE_OF, ["vllm"])["enabled"] == ["vllm"], "not set: as it was"
+    node = _switch.cutover_record(dict(switched, parked={"engine": "vllm"}), ENGINE_OF, [])["node"]
+    assert node["parked"] == {"engine": "vllm"} and node["cutover_result"] == "switched" and node["serving_since"] == 12.0
+    assert "parked" not in _switch.cutover_record(switched)["node"], "no park record written: the one read stands"
+
+
+def test_the_controllers_rollback_updates_what_it_changed_and_keeps_the_cutovers_result():
+    """The cutover switched, the soak after the join failed, the rollback alone ran: the report reads the rollback's
+    serving time, boot and restaging, and still the cutover's own result and park (finish.yml does not run the
+    rollback's finish twice)."""
+    cutover = _switch.cutover_record({"result": "switched", "marks": [["bring_up", 10.0], ["end", 12.0]], "boot": {"at_boot": "sglang.service"},
+                                      "park": {"parked": True, "seconds": 0.4}, "parked": {"engine": "vllm"}}, ENGINE_OF, ["vllm"])
+    rolled = {"result": "rolled_back", "reason": "soak: sglang.service crashed", "marks": [["rollback", 40.0], ["end", 44.0]],
+              "boot": {"at_boot": "vllm.service"}, "park": {"parked": True}, "parked": None, "rollback_teardown": None, "restage": None}
+    record = _switch.rollback_record(rolled, ENGINE_OF, cutover["enabled"], cutover["node"])
+    assert record["marks"] == [["rollback", 40.0]] and record["outcome"] == {"result": "rolled_back", "reason": "soak: sglang.service crashed"}
+    assert record["enabled"] == ["vllm"]
+    assert record["node"]["serving_since"] == 44.0 and record["node"]["parked"] is None, "woken: no engine parked any more"
+    assert record["node"]["cutover_result"] == "switched" and record["node"]["park"] == {"parked": True, "seconds": 0.4}
+    assert _switch.rollback_record(rolled, ENGINE_OF, [], None)["node"]["serving_since"] == 44.0, "a cutover that failed as a task left none"
+
+
+def test_a_task_that_lost_the_node_is_told_from_one_that_did_not():
+    assert _switch.lost_during({"unreachable": True, "msg": "ssh: timed out"}, "cutover") == {
+        "result": "unreachable", "reason": "became unreachable during cutover: ssh: timed out"}
+    assert _switch.lost_during({"result": "lease_lost", "reason": "held by run-2"}, "rollback") == {
+        "result": "failed", "reason": "lost the switch lease during rollback (held by run-2)"}
+    renewal = {"holder": {"owner": "run-2"}, "msg": ""}
+    assert _switch.lost_during(renewal, "stage", "run-1")["result"] == "failed", "a renewal another run holds"
+    assert _switch.lost_during(renewal, "stage", "run-2") is None
+    assert _switch.lost_during({"skipped": True}, "stage", "run-1") is None, "a skipped renewal lost nothing"
+    assert _switch.lost_during({"result": "switched"}, "cutover") is None
+
+
 def test_a_hub_model_is_staged_under_the_models_root_and_a_path_is_not():
     root = "/var/lib/gpufleet-models"
     assert _switch.staged_model_dir("meta-llama/Llama-3.3-70B-Instruct", "main", root) == f"{root}/meta-llama--Llama-3.3-70B-Instruct"

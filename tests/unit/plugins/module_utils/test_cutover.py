@@ -611,3 +611,45 @@ def test_a_previous_engine_woken_by_the_rollback_that_answers_otherwise_is_start
     checked = result["rollback_answer_check"]
     assert checked["kind"] == "golden" and checked["passed"] and checked["after_wake"]["passed"] is False
     assert ("start", "vllm.service") in node.calls, "started cold after its wake answered otherwise"
+
+
+def roll_back_alone(node, clock, reason="soak: sglang.service crashed 3.1 s after it was ready", parked_unit=None, **options):
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, drain_timeout=120, stop_grace=5, stop_timeout=90, boot=True,
+                                     **options)
+    return cutover.rollback_alone(request, node, clock, 1_700_000_000.0, reason, parked_unit)
+
+
+def test_the_controllers_rollback_is_the_cutovers_own_rollback_alone():
+    """A failure the controller saw after the cutover switched (its soak after the balancer's join): the same steps as the
+    cutover's own rollback, with nothing of the forward path - no drain, no start of the target - and only the previous
+    engine at boot."""
+    clock = Clock()
+    node = Node(clock)
+    result = roll_back_alone(node, clock, restore=[{"src": "/backup/vllm.service", "dest": "/etc/systemd/system/vllm.service"}])
+    assert [call[0] for call in node.calls] == ["memory", "stop_units", "kill_holders", "memory", "reset_failed", "restore", "reset_failed",
+                                                "start", "wait_ready", "set_boot"]
+    assert ("stop_units", tuple(UNITS), 5) in node.calls, "the failed target serves no one: the short grace"
+    assert node.calls[-3:] == [("start", "vllm.service"), ("wait_ready", "vllm.service", 60), ("set_boot", "vllm.service", tuple(UNITS))]
+    assert result["result"] == "rolled_back" and result["reason"] == "soak: sglang.service crashed 3.1 s after it was ready"
+    assert result["rollback_teardown"]["after"]["passed"] and result["teardown"] is None and result["engine_start_s"] is None
+    assert result["boot"]["at_boot"] == "vllm.service"
+    assert [mark[0] for mark in result["marks"]] == ["rollback", "end"]
+
+
+def test_a_controllers_rollback_that_fails_is_rollback_failed_with_the_previous_engine_still_alone_at_boot():
+    clock = Clock()
+    node = Node(clock, failures={("wait_ready", "vllm.service"): cutover.NotServing("vllm.service did not serve within 60.0 s")})
+    result = roll_back_alone(node, clock)
+    assert result["result"] == "rollback_failed" and result["rollback_error"] == "vllm.service did not serve within 60.0 s"
+    assert result["reason"] == "soak: sglang.service crashed 3.1 s after it was ready", "the reason stays the first failure"
+    assert node.calls[-1] == ("set_boot", "vllm.service", tuple(UNITS)), "the engine meant to serve starts at boot, up or not"
+
+
+def test_a_controllers_rollback_after_a_replacement_stages_the_previous_model_again():
+    clock = Clock()
+    node = Node(clock)
+    result = roll_back_alone(node, clock, replace_model=REPLACE, restage_previous=RESTAGE)
+    names = [call[0] for call in node.calls]
+    assert names.index("kill_holders") < names.index("stage") < names.index("start"), names
+    assert ("stage", "lab/tiny-llama") in node.calls and ("stage", "acme/Tiny-GGUF") not in node.calls
+    assert result["result"] == "rolled_back" and result["restage"]["replace"]["path"] == "/models/acme--Tiny-GGUF--Q4_K_M"

@@ -328,4 +328,20 @@ def test_the_engine_unit_skips_its_start_while_the_node_holds_it():
     roles = Path(__file__).resolve().parents[4] / "roles"
     # whatever starts an engine by systemctl releases its hold first
     assert f'path: "{hold_dir}/{{{{ engine_common_facts.unit }}}}"' in (roles / "engine_common/tasks/main.yml").read_text()
-    assert f'path: "{hold_dir}/{{{{ __switch_engine_previous_facts.unit }}}}"' in (roles / "switch_engine/tasks/rollback.yml").read_text()
+    # the switch starts engines only through engine_cutover (its start releases the hold), its rollback too
+    assert "systemd_service" not in (roles / "switch_engine/tasks/rollback.yml").read_text()
+
+
+def test_the_controllers_rollback_wakes_the_previous_engine_the_node_recorded_as_parked_and_forgets_its_record():
+    """A switch that parked vLLM and whose soak after the join failed: the controller's rollback keeps the parked vLLM
+    through the target's teardown and wakes it - a start would find its unit active and leave it asleep."""
+    clock = Clock()
+    node = ParkingNode(clock)
+    request = cutover.CutoverRequest(units=UNITS, target=SGLANG, previous=VLLM, stop_grace=5, park_previous=True, boot=True)
+    result = cutover.rollback_alone(request, node, clock, 1_700_000_000.0, "soak: sglang.service crashed", parked_unit="vllm.service")
+    assert ("kill_holders", ("sglang.service",), ("vllm.service",)) in node.calls, "the parked engine's processes are kept"
+    assert ("wake", "vllm.service") in node.calls and ("start", "vllm.service") not in node.calls
+    assert result["result"] == "rolled_back" and node.records == [None], "woken: the park record goes"
+    cold = ParkingNode(clock)
+    cutover.rollback_alone(request, cold, clock, 1_700_000_000.0, "soak: sglang.service crashed", parked_unit=None)
+    assert ("start", "vllm.service") in cold.calls and ("wake", "vllm.service") not in cold.calls, "no record: started cold"
