@@ -25,7 +25,15 @@ def rollout_gate(reports: dict, max_fail_percentage) -> dict:
         raise AnsibleFilterError(str(error)) from None
 
 
+def lease_wait(holder, run_id, seconds, working=None):
+    """How a run waits for the node's lease another run holds (plugin_utils/_rollout.py: lease_wait)."""
+    try:
+        return _rollout.lease_wait(holder, run_id, seconds, working)
+    except _rollout.RolloutError as error:
+        raise AnsibleFilterError(str(error)) from None
+
+
 class FilterModule:
     def filters(self):
         return {"rollout_batches": rollout_batches, "rollout_gate": rollout_gate, "run_owner": _rollout.run_owner,
-                "run_owner_gone": _rollout.run_owner_gone}
+                "run_owner_gone": _rollout.run_owner_gone, "lease_wait": lease_wait}

@@ -27,6 +27,7 @@ class FilterModule:
                 "switch_before_read": _wrapped(_switch.switch_before_read), "switch_finish": _wrapped(_switch.switch_finish),
                 "cutover_record": _wrapped(_switch.cutover_record), "rollback_record": _wrapped(_switch.rollback_record),
                 "lost_during": _wrapped(_switch.lost_during),
+                "cutover_inputs": _wrapped(_switch.cutover_inputs),
                 "observe_requests": _wrapped(_switch.observe_requests),
                 "observed": _wrapped(_switch.observed),
                 "staged_model_dir": _wrapped(_switch.staged_model_dir), "stage_jobs": _wrapped(_switch.stage_jobs),

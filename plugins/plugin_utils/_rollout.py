@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -52,6 +53,28 @@ def run_owner_gone(owner: str) -> bool:
     if not match or match.group("controller") != socket.gethostname():
         return False
     return _start_time(int(match.group("pid"))) != match.group("start")
+
+
+def lease_wait(holder: dict | None, run_id: str, seconds, working: str | None = None, slice_seconds: float = 15.0) -> dict:
+    """How a run waits for the node's one lease - the switch's and the cleanup's one rule - from the holder the node
+    answered (``working``: the pid of work the last holder left running, a cutover). ``wait``: another run holds it (or
+    none does and this run did not take it yet). ``break_owner``: the holder, where it is a run of this controller
+    known gone - its lease is taken over once the work it left ended; any other holder is waited for until it gives
+    the lease back or its lease expires. The wait runs in ``slices`` of ``slice_seconds`` at most (a wait whose
+    controller is gone ends within one) - ``retries`` of them fill ``seconds``. ``text`` says what it waits for."""
+    owner = str((holder or {}).get("owner") or "")
+    seconds = float(seconds)
+    if seconds < 0:
+        raise RolloutError(f"the lease wait must be at least 0 s, got {seconds:g}")
+    one = min(slice_seconds, seconds)
+    gone = bool(owner) and owner != run_id and run_owner_gone(owner)
+    text = f"waiting up to {seconds:g} s for the node's lease - " + (f"held by {owner}" if owner else "given back")
+    if gone:
+        text += " (a run of this controller that is gone: taken over once the work it left ended)"
+    if working:
+        text += f"; the cutover of the run before (pid {working}) still runs on the node"
+    return {"wait": owner != run_id, "break_owner": owner if gone else None, "slice": one,
+            "retries": max(1, math.ceil(seconds / one)) if one > 0 else 1, "text": text}
 
 
 def _batch(item, raw):

@@ -8,12 +8,17 @@
 
 from __future__ import annotations
 
+import posixpath
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _phases as phases
 from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import hub_quant, parse_source, progress_path
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 from ansible_collections.gpufleet.serving.plugins.plugin_utils._reports import teardown_host_report
 
+# where systemd reads the units the engine roles write
+UNIT_DIR = "/etc/systemd/system"
 # preflight_failed and failed: the cutover's preflight or its files stopped it before the drain (nothing was stopped)
 CUTOVER_RESULTS = results.CUTOVER
 
@@ -29,6 +34,37 @@ def cutover_engine(facts: dict) -> dict:
         raise SwitchError(f"engine facts lack {', '.join(missing)}")
     return {"engine": facts["engine"], "unit": facts["unit"], "url": facts["url"], "model": facts["served_model_name"],
             "api_key": facts.get("api_key") or None, "ready_timeout": float(facts["ready_timeout"])}
+
+
+def cutover_inputs(steps: dict, offered: dict) -> dict:
+    """engine_cutover's options that follow the planner's answers (``steps``) and the stage's (``offered['replacing']``:
+    the target's model comes in place of the previous one's, after the stop - nothing of it to prewarm, no engine left
+    to park): what runs inside the cutover (the preflight, the target's files, the prewarm, the soak, the answer
+    check), what an in-place switch restores and clears, and the lease's bound (a replacement's two downloads in it).
+    ``offered``: the role's value of each, whether or not it applies; ``previous``: its facts, none without one;
+    ``backup_dir``: where the backup kept the previous engine's unit and secrets (an in-place switch restores them)."""
+    where = steps["where"]
+    replacing = bool(offered.get("replacing"))
+    in_place = bool(steps["in_place"])
+    inside = phases.IN_CUTOVER
+    previous = offered.get("previous") or {}
+    restore = []
+    if in_place:
+        backup = offered["backup_dir"].rstrip("/")
+        restore = [{"src": f"{backup}/{previous['unit']}", "dest": f"{UNIT_DIR}/{previous['unit']}"},
+                   {"src": f"{backup}/{posixpath.basename(previous['secrets_path'])}", "dest": previous["secrets_path"]}]
+    return {
+        "previous": cutover_engine(previous) if previous else None,
+        "restore": restore,
+        "clear_paths": list(offered["clear_paths"]) if in_place else [],
+        "preflight": offered["preflight"] if where["preflight"] == inside else None,
+        "files": list(offered["files"]) if where["stage_files"] == inside else [],
+        "prewarm_paths": [path for path in offered["prewarm_paths"] if path] if where["prewarm"] == inside and not replacing else [],
+        "soak": float(offered["soak"]) if where["soak"] == inside else 0.0,
+        "answer_check": offered["answer_check"] if (steps.get("answer_check") or {}).get("kind") else None,
+        "park_previous": steps["park"]["previous"] == "park" and not replacing,
+        "lease_seconds": float(steps["cutover_lease_seconds"]) + (2 * float(offered["stage_timeout"]) if replacing else 0.0),
+    }
 
 
 # what the switch reads of a cutover's result after it (its report, its finish): the record's `node`

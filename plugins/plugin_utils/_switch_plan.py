@@ -206,8 +206,10 @@ def plan(settings: Settings, node: Found) -> dict:
         "staged": staged,
         "in_place": in_place,
         "where": where,
-        # the role's prepare step runs where any of its phases runs on the controller
-        "prepare": any(where[name] == CONTROLLER for name in ("preflight", "backup", "stage_model", "stage_files", "prewarm")),
+        # the role's prepare step runs where any of its phases runs on the controller (an unchanged node has none)
+        "prepare": not unchanged and any(where[name] == CONTROLLER for name in ("preflight", "backup", "stage_model", "stage_files", "prewarm")),
+        # the role's task file for what follows: nothing to switch, the plan (check mode), or the switch
+        "path": "unchanged" if unchanged else "plan" if settings.check_mode else "switch",
         "stage": where["stage_model"] == CONTROLLER or where["stage_files"] == CONTROLLER,
         "stop_bound": stop_bound,
         "cutover_bound": bound,

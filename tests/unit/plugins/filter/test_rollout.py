@@ -116,3 +116,26 @@ def test_a_reused_pid_is_not_the_run():
 @pytest.mark.parametrize("owner", ["20261130T080000-other-controller-1.5-7", "limited-run-42", "", None])
 def test_runs_of_other_controllers_and_other_forms_are_never_judged(owner):
     assert not rollout.run_owner_gone(owner)
+
+
+def test_one_lease_wait_takes_over_only_a_gone_run_of_this_controller_and_waits_for_any_other_in_slices():
+    """The switch's and the cleanup's one rule for another run's lease: a run of this controller whose process is gone
+    is taken over (once the work it left ended, on the node); a live one, another controller's, or an owner in another
+    form is waited for, in slices of at most 15 s that fill the wait."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = rollout.run_owner("20261130T080000", 7, controller_pid=child.pid)
+        waited = rollout.lease_wait({"owner": live}, "run-1", 40)
+    finally:
+        child.kill()
+        child.wait()
+    assert waited == {"wait": True, "break_owner": None, "slice": 15.0, "retries": 3, "text": f"waiting up to 40 s for the node's lease - held by {live}"}
+    gone = rollout.lease_wait({"owner": live}, "run-1", 40, working="4242")
+    assert gone["break_owner"] == live and "taken over once the work it left ended" in gone["text"]
+    assert gone["text"].endswith("the cutover of the run before (pid 4242) still runs on the node")
+    assert rollout.lease_wait({"owner": "20261130T080000-other-controller-1.5-7"}, "run-1", 5)["break_owner"] is None
+    assert rollout.lease_wait({"owner": "run-1"}, "run-1", 40)["wait"] is False, "this run holds it already"
+    free = rollout.lease_wait(None, "run-1", 0)
+    assert free["wait"] and free["retries"] == 1 and free["slice"] == 0 and free["text"].endswith("given back"), "try once, wait for nothing"
+    with pytest.raises(rollout.RolloutError, match="at least 0 s, got -1"):
+        rollout.lease_wait(None, "run-1", -1)

@@ -114,3 +114,37 @@ def test_a_hub_model_is_staged_under_the_models_root_and_a_path_is_not():
                                                  ("not a model", "main", root, "neither a hub repository")]:
         with pytest.raises(_switch.SwitchError, match=message):
             _switch.staged_model_dir(model, revision, root_given)
+
+
+def cutover_steps(**where):
+    return {"where": {"preflight": "controller", "stage_files": "controller", "prewarm": "controller", "soak": "controller", **where},
+            "in_place": False, "park": {"previous": "stop"}, "answer_check": {"kind": "sanity"}, "cutover_lease_seconds": 900.0}
+
+
+OFFERED = {"previous": dict(FACTS, engine="vllm", unit="vllm.service", secrets_path="/etc/gpufleet/vllm.env"), "backup_dir": "/var/backup/",
+           "clear_paths": ["/var/backup/staged"], "preflight": {"engine": "sglang"}, "files": [{"name": "unit"}],
+           "prewarm_paths": ["/models/m", None], "soak": 30, "stage_timeout": 600, "replacing": False, "answer_check": {"tolerance": 0.05}}
+
+
+def test_the_cutover_is_given_only_what_the_planner_put_inside_it():
+    behind_a_balancer = _switch.cutover_inputs(cutover_steps(), OFFERED)
+    assert behind_a_balancer["preflight"] is None and behind_a_balancer["files"] == [] and behind_a_balancer["prewarm_paths"] == []
+    assert behind_a_balancer["soak"] == 0.0 and behind_a_balancer["restore"] == [] and behind_a_balancer["clear_paths"] == []
+    assert behind_a_balancer["previous"]["unit"] == "vllm.service" and behind_a_balancer["answer_check"] == {"tolerance": 0.05}
+    alone = _switch.cutover_inputs(cutover_steps(preflight="cutover", stage_files="cutover", prewarm="cutover", soak="cutover"), OFFERED)
+    assert alone["preflight"] == {"engine": "sglang"} and alone["files"] == [{"name": "unit"}]
+    assert alone["prewarm_paths"] == ["/models/m"] and alone["soak"] == 30.0 and alone["lease_seconds"] == 900.0
+    assert _switch.cutover_inputs(dict(cutover_steps(), answer_check={"kind": None}), OFFERED)["answer_check"] is None, "the check is off"
+    assert _switch.cutover_inputs(cutover_steps(), dict(OFFERED, previous={}))["previous"] is None, "no engine served before"
+
+
+def test_an_in_place_switch_restores_the_backup_and_a_replacement_neither_prewarms_nor_parks():
+    in_place = _switch.cutover_inputs(dict(cutover_steps(), in_place=True), OFFERED)
+    assert in_place["restore"] == [{"src": "/var/backup/vllm.service", "dest": "/etc/systemd/system/vllm.service"},
+                                   {"src": "/var/backup/vllm.env", "dest": "/etc/gpufleet/vllm.env"}]
+    assert in_place["clear_paths"] == ["/var/backup/staged"]
+    parking = dict(cutover_steps(prewarm="cutover"), park={"previous": "park"})
+    assert _switch.cutover_inputs(parking, OFFERED)["park_previous"] is True
+    replacing = _switch.cutover_inputs(parking, dict(OFFERED, replacing=True))
+    assert replacing["park_previous"] is False and replacing["prewarm_paths"] == [], "the previous model goes: nothing to park, nothing to read yet"
+    assert replacing["lease_seconds"] == 900.0 + 2 * 600, "the target's download and the rollback's again"
