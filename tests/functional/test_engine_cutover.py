@@ -73,3 +73,19 @@ def test_a_secret_file_is_never_returned_when_another_option_is_refused(tmp_path
     assert result.failed and "unit" in result["msg"]
     assert "t0p-s3cret" not in str(result.result) and "t0p-s3cret" not in result.stderr
     assert not (tmp_path / "sglang.env").exists()
+
+
+def test_the_rollback_alone_plans_the_previous_engine_in_check_mode_and_touches_nothing_under_another_runs_lease(tmp_path, nvml_env):
+    """The controller's rollback (rollback_reason): --check says which engine it would start; for real, under a lease
+    another run holds, it is lease_lost with nothing touched - as the cutover itself is."""
+    args = cutover_args(tmp_path, rollback_reason="soak: sglang crashed", files=[unit_file(tmp_path)])
+    planned = run_module("engine_cutover", args, check_mode=True, env=nvml_env)
+    assert not planned.failed, planned["msg"] if planned.failed else ""
+    assert planned["result"] == "would_roll_back" and planned["unit_to_start"] == "gpufleet-test-vllm.service"
+    held = run_module("host_lease", {"name": args["lease_name"], "owner": "another-run", "lease_seconds": 60}, env=nvml_env)
+    assert not held.failed and held["changed"]
+    result = run_module("engine_cutover", dict(args, lease_owner="this-run", record_path=str(tmp_path / "last_cutover.json")), env=nvml_env)
+    assert not result.failed, result["msg"] if result.failed else ""
+    assert result["result"] == "lease_lost" and result["holder"]["owner"] == "another-run" and result["marks"] == []
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "last_cutover.json").exists(), "nothing written, nothing recorded"
+    run_module("host_lease", {"name": args["lease_name"], "owner": "another-run", "state": "released"}, env=nvml_env)
