@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import parse_show
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.units import parse_show
 
 
 def unit_states(stdout: str, units: list) -> dict:

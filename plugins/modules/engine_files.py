@@ -9,7 +9,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.systemctl import Systemctl
 
 ARGUMENT_SPEC = dict(
     files=dict(type="list", elements="dict", required=True, options=files.FILE_OPTIONS),

@@ -21,7 +21,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Er
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import DEFAULT_DEVICE_GLOBS
 from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import owner_uid
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.systemctl import Systemctl
 
 ENGINE_OPTIONS = dict(engine=dict(type="str", required=True, choices=["vllm", "sglang"]), unit=dict(type="str", required=True),
                       url=dict(type="str"), model=dict(type="str"), api_key=dict(type="str", no_log=True), executable=dict(type="str"),

@@ -10,7 +10,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import pynvml
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import preflight, preflight_node
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl, restart_policy_reader, systemd_runs
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.systemctl import Systemctl, restart_policy_reader, systemd_runs
 
 ARGUMENT_SPEC = preflight_node.OPTIONS
 

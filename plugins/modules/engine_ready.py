@@ -13,7 +13,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engines import a
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import abandoning_clock
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.systemctl import Systemctl
 
 ARGUMENT_SPEC = dict(
     engine=dict(type="str", required=True, choices=["vllm", "sglang"]),

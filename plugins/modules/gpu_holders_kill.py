@@ -9,13 +9,12 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import PYNVML_IMPORT_ERROR, NvmlClient, pynvml
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.systemctl import Systemctl, restart_policy_reader, systemd_runs
 
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str"),
@@ -44,8 +43,8 @@ def nvml_client(timeout: float) -> NvmlClient:
 
 def restart_policy(module: AnsibleModule):
     """A service's Restart= and main PID through systemctl; nothing where systemd is not the init system."""
-    running = systemd.systemd_runs()
-    return systemd.restart_policy_reader(Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if running else None)
+    running = systemd_runs()
+    return restart_policy_reader(Systemctl(module.run_command, module.get_bin_path("systemctl", required=True)) if running else None)
 
 
 def main() -> None:

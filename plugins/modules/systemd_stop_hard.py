@@ -9,10 +9,11 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import stop as systemd_stop
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemd_systemctl
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str"),
@@ -36,14 +37,14 @@ def main() -> None:
     try:
         # every name is checked before systemctl is looked for, and before any unit is stopped
         names = [module.params["name"]] if module.params["names"] is None else list(dict.fromkeys(module.params["names"]))
-        requests = [systemd.stop_request(dict(module.params, name=name)) for name in names]
-        systemctl = systemd.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
+        requests = [systemd_stop.stop_request(dict(module.params, name=name)) for name in names]
+        systemctl = systemd_systemctl.Systemctl(module.run_command, module.get_bin_path("systemctl", required=True))
         reader = ProcReader()
         signals_journal = journal.Journal(module.params["journal_path"] or None,
                                           module.params["run_id"] or journal.new_run_id("systemd_stop_hard"), "systemd_stop_hard", reader)
         if module.params["names"] is None:
-            module.exit_json(**systemd.stop_unit(requests[0], systemctl, reader, module.check_mode, module.warn, journal=signals_journal))
-        results, failures = systemd.stop_units(requests, systemctl, reader, module.check_mode, module.warn, journal=signals_journal)
+            module.exit_json(**systemd_stop.stop_unit(requests[0], systemctl, reader, module.check_mode, module.warn, journal=signals_journal))
+        results, failures = systemd_stop.stop_units(requests, systemctl, reader, module.check_mode, module.warn, journal=signals_journal)
     except Error as exc:
         module.fail_json(msg=exc.msg, **dict({"elapsed": time.monotonic() - started}, **exc.context))
     result = dict(changed=any(unit.get("changed") for unit in results), units=results, elapsed=time.monotonic() - started)

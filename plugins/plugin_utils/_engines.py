@@ -23,7 +23,7 @@ import posixpath
 import re
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._models.staging import GGUF_MODEL_FILE, hub_quant
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.units import exec_start_argv
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _systemd_escape
 
 ENGINES = ("vllm", "sglang")

@@ -20,7 +20,7 @@ from conftest import alive, remove_cgroup
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import Cgroup
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.cgroup import Cgroup
 
 HIERARCHIES = {"v2": "/sys/fs/cgroup/unified", "v1": "/sys/fs/cgroup/systemd"}
 
@@ -172,8 +172,8 @@ def test_cgroup_kill_journals_every_member_before_the_write(tmp_path, monkeypatc
     import builtins
     import json
 
-    from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd
     from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
+    from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import cgroup as _systemd
 
     members = [subprocess.Popen(["sleep", "1000"]) for _member in range(2)]
     group_dir = tmp_path / "vllm.service"

@@ -54,9 +54,8 @@ def test_every_module_utils_file_is_in_exactly_one_room_and_its_rooms_package():
     assert sorted(listed) == present(), "docs/architecture.md's rooms and plugins/module_utils differ"
 
 
-def test_only_the_ground_pieces_and_systemds_one_file_are_flat():
-    assert [room for room, package, _files in rooms() if not package] == ["ground", "systemd"]
-    assert [files for room, _package, files in rooms() if room == "systemd"] == [["_systemd"]]
+def test_only_the_ground_pieces_are_flat():
+    assert [room for room, package, _files in rooms() if not package] == ["ground"]
 
 
 def test_a_file_imports_only_from_its_own_room_or_a_lower_one():

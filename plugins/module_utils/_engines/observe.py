@@ -24,7 +24,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import DEFAULT_DEVICE_GLOBS, HolderScanner, device_nodes
 from ansible_collections.gpufleet.serving.plugins.module_utils._node import parked
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader, pid_directories
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import exec_start_argv
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.units import exec_start_argv
 
 # a unit in these states runs (or is about to): its engine is one the switch drains and stops
 RUNNING_STATES = ("active", "activating", "reloading", "deactivating")

@@ -22,7 +22,6 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _files as files
 from ansible_collections.gpufleet.serving.plugins.module_utils import _results as results
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers, park, prewarm, readiness
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import api as http
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import EngineExited, Error, InvalidInput
@@ -33,6 +32,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._node import leas
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, preflight, preflight_node
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import cgroup as systemd_cgroup
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemd_systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import units as systemd_units
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.node import TeardownNode
 
 
@@ -52,7 +54,7 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
 
     def unit_command(self, unit: str) -> str:
         properties = self.systemctl.show_units([unit], ("ExecStart",))[unit]
-        return " ".join(systemd.exec_start_argv(properties.get("ExecStart")))
+        return " ".join(systemd_units.exec_start_argv(properties.get("ExecStart")))
 
     def read_answers(self, path: str) -> dict | None:
         return files.read_json_object(path)
@@ -99,7 +101,7 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
         seconds = round(time.monotonic() - started, 3)
         self._hold(engine.unit)
         state = self.systemctl.show(engine.unit)
-        group = systemd.Cgroup.locate(state.control_group, self.reader)
+        group = systemd_cgroup.Cgroup.locate(state.control_group, self.reader)
         pids = set(group.pids())
         with NvmlClient(self.nvml, 10) as nvml:
             inventory = nvml.inventory()
@@ -185,7 +187,7 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
         return readiness.soak(request, http.HttpClient(engine.url, engine.api_key, timeout=5), self.unit_properties)
 
 
-def host_memory(memory_current: str, group: systemd.Cgroup, pids: set[int], reader: ProcReader) -> int | None:
+def host_memory(memory_current: str, group: systemd_cgroup.Cgroup, pids: set[int], reader: ProcReader) -> int | None:
     """A parked engine's host memory: its unit's memory as systemd accounts it, else its group's memory.current, else
     the resident memory of its processes (a host without memory accounting)."""
     if memory_current.isdigit():
@@ -287,9 +289,9 @@ def wanted_files(params: dict) -> list:
 def request_from_params(params: dict) -> cutover.CutoverRequest:
     def engine(name: str) -> cutover.Engine | None:
         value = params[name]
-        return cutover.Engine.from_params(name, value and dict(value, unit=systemd.normalize_unit_name(value["unit"])))
+        return cutover.Engine.from_params(name, value and dict(value, unit=systemd_units.normalize_unit_name(value["unit"])))
     return cutover.CutoverRequest(
-        units=[systemd.normalize_unit_name(unit) for unit in params["units"]], target=engine("target"), previous=engine("previous"),
+        units=[systemd_units.normalize_unit_name(unit) for unit in params["units"]], target=engine("target"), previous=engine("previous"),
         drain_timeout=params["drain_timeout"], stop_grace=params["stop_grace"], stop_timeout=params["stop_timeout"], restore=params["restore"],
         boot=params["boot"], soak=params["soak"], prewarm_paths=params["prewarm_paths"], prewarm_timeout=params["prewarm_timeout"],
         preflight=preflight_request(params["preflight"]), files=wanted_files(params), park_previous=params["park_previous"],
@@ -343,7 +345,7 @@ def unwritten_records(result: dict) -> list[str]:
     return [f"{what} was not written: {problem}" for what, problem in problems if problem]
 
 
-def plan(request: cutover.CutoverRequest, systemctl: systemd.Systemctl, rollback: bool = False) -> dict:
+def plan(request: cutover.CutoverRequest, systemctl: systemd_systemctl.Systemctl, rollback: bool = False) -> dict:
     """Check mode: which units would be stopped and which started (the previous engine's, for a rollback)."""
     if rollback:
         active = [unit for unit in request.units if systemctl.unit_state(unit) not in ("inactive", "failed", "unknown")]

@@ -9,12 +9,14 @@ through NVML, every signal in the node's journal. The cutover's node (_switch.cu
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders_kill, memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import NvmlClient
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes import journal
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import stop as systemd_stop
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemd_systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import units as systemd_units
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, TeardownOps
 
 
@@ -27,18 +29,18 @@ class TeardownNode(TeardownOps):
         self.params = params
         self.reader = reader
         self.nvml = nvml
-        self.systemctl = systemd.Systemctl(host.run_command, host.get_bin_path("systemctl", required=True))
+        self.systemctl = systemd_systemctl.Systemctl(host.run_command, host.get_bin_path("systemctl", required=True))
         # one journal for the whole run (a switch's teardown and its rollback's): every signal under its run id
         self.journal = journal.Journal(self.params["journal_path"] or None,
                                        self.params["run_id"] or self.params.get("lease_owner") or journal.new_run_id(caller),
                                        caller, reader)
 
     def stop_units(self, units: list[str], stop_timeout: float, check_mode: bool = False) -> dict:
-        requests = [systemd.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
+        requests = [systemd_stop.stop_request(dict(name=unit, stop_timeout=stop_timeout, kill_timeout=self.params["kill_timeout"], must_exist=False,
                                               disable=self.params.get("disable_units", False), allow_protected=False,
                                               stop_triggers=self.params.get("stop_triggers", False), settle=self.params["settle"]))
                     for unit in units]
-        results, failures = systemd.stop_units(requests, self.systemctl, self.reader, check_mode, self.host.warn, journal=self.journal)
+        results, failures = systemd_stop.stop_units(requests, self.systemctl, self.reader, check_mode, self.host.warn, journal=self.journal)
         if failures:
             raise TeardownFailed("; ".join(failures), units={"results": results})
         return {"results": results}
@@ -55,14 +57,14 @@ class TeardownNode(TeardownOps):
                       protected_pids=[], term_timeout=self.params["term_timeout"],
                       kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
-                      units=[systemd.normalize_unit_name(unit) for unit in units], outside_units=outside_units,
+                      units=[systemd_units.normalize_unit_name(unit) for unit in units], outside_units=outside_units,
                       owners=self.params["owners"], kept_units=list(kept))
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
                                          check_mode, self.host.warn, self.host.log, journal=self.journal)
 
     def restart_policy(self, unit: str) -> tuple[str, int]:
-        return systemd.restart_policy_reader(self.systemctl)(unit)
+        return systemd_systemctl.restart_policy_reader(self.systemctl)(unit)
 
     def memory(self, wait: bool, left_pids: tuple[int, ...] = ()) -> dict:
         request = memory.MemoryRequest.from_params(dict(

@@ -15,9 +15,9 @@ import contextlib
 import time
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _paths as paths
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error, LockTimeout, RequesterGone
 from ansible_collections.gpufleet.serving.plugins.module_utils._node import lease, metrics, parked
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import units as systemd_units
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed, longest_run, teardown
 
 # the steps a cleanup may be given (its option ``steps``): the memory step is the report's "after"
@@ -44,7 +44,7 @@ def run(params: dict, node, check_mode: bool, still_wanted=lambda: True, store: 
     unknown = sorted(set(params["steps"]) - set(STEPS))
     if unknown:
         raise Error(f"steps: unknown {', '.join(unknown)} (known: {', '.join(STEPS)})")
-    units = [systemd.normalize_unit_name(unit) for unit in params["units"]]
+    units = [systemd_units.normalize_unit_name(unit) for unit in params["units"]]
     if check_mode:
         steps = plan(params, units, node)
         refused = steps.get("failure")
@@ -131,7 +131,7 @@ def parked_fate(params: dict, units: list[str], kept: tuple[str, ...], node, che
 def kept_units(params: dict, node) -> tuple[str, ...]:
     """The units kept running, their processes unsignalled: those given, and with keep_parked the node's parked engine
     (when it is still the invocation that parked)."""
-    kept = [systemd.normalize_unit_name(unit) for unit in params.get("kept_units") or []]
+    kept = [systemd_units.normalize_unit_name(unit) for unit in params.get("kept_units") or []]
     if params.get("keep_parked"):
         record = parked.read_record(params.get("parked_path") or parked.RECORD_PATH)
         if record and parked.alive(record, node.unit_properties(record["unit"]))[0]:

@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import observe
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
-from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import parse_show_units
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.units import parse_show_units
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
 from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch_plan as switch_plan
 

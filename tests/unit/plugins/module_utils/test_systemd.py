@@ -15,10 +15,13 @@ import time
 import pytest
 from conftest import alive, run_module
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _systemd as systemd
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CommandFailed, InvalidInput, Refused
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import cgroup as systemd_cgroup
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import stop as systemd_stop
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemd_systemctl
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import units as systemd_units
 
 
 @pytest.mark.covers('S5')
@@ -32,7 +35,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signal
 ])
 def test_unit_names_resolve_as_systemctl_would(name, expected):
     """S5."""
-    assert systemd.normalize_unit_name(name) == expected
+    assert systemd_units.normalize_unit_name(name) == expected
 
 
 @pytest.mark.covers('S3', 'S4')
@@ -61,7 +64,7 @@ def test_unit_names_resolve_as_systemctl_would(name, expected):
 def test_bad_unit_names_are_rejected(name, message):
     """S3, S4."""
     with pytest.raises(InvalidInput, match=None) as error:
-        systemd.normalize_unit_name(name)
+        systemd_units.normalize_unit_name(name)
     assert message in error.value.msg
 
 
@@ -83,24 +86,24 @@ def test_bad_unit_names_are_rejected(name, message):
 ])
 def test_refused_units(unit, allowed, message):
     """S25, S26: slices and init.scope are refused even with allow_protected."""
-    assert message in systemd.refusal(unit, allow_protected=allowed)
+    assert message in systemd_units.refusal(unit, allow_protected=allowed)
 
 
 def test_protected_unit_allowed_when_asked():
-    assert systemd.refusal("nvidia-persistenced.service", allow_protected=True) is None
-    assert systemd.refusal("vllm.service", allow_protected=False) is None
+    assert systemd_units.refusal("nvidia-persistenced.service", allow_protected=True) is None
+    assert systemd_units.refusal("vllm.service", allow_protected=False) is None
 
 
 def test_parse_show_keeps_values_with_equals_signs():
     text = "Id=vllm.service\nExecStart={ path=/usr/bin/vllm ; argv[]=/usr/bin/vllm serve --x=1 }\nJob=\n"
-    parsed = systemd.parse_show(text)
+    parsed = systemd_units.parse_show(text)
     assert parsed["ExecStart"].endswith("--x=1 }") and parsed["Job"] == ""
 
 
 @pytest.mark.covers('S8', 'S10')
 def test_unit_warnings_name_unsafe_settings():
     """S8, S10: the unit's own policy would not finish the job."""
-    state = systemd.UnitState({"Id": "minio.service", "KillMode": "none", "SendSIGKILL": "no", "TimeoutStopUSec": "infinity"})
+    state = systemd_units.UnitState({"Id": "minio.service", "KillMode": "none", "SendSIGKILL": "no", "TimeoutStopUSec": "infinity"})
     text = " ".join(state.warnings())
     assert "KillMode=none" in text and "SendSIGKILL=no" in text and "TimeoutStopSec=infinity" in text
 
@@ -116,17 +119,17 @@ def test_cgroup_is_located_on_v2_hybrid_v1_and_inside_a_container(tmp_path):
         group = tmp_path / "cg" / layout / "system.slice" / "vllm.service"
         group.mkdir(parents=True)
         (group / "cgroup.procs").write_text("")
-        assert systemd.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(group)
+        assert systemd_cgroup.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(group)
         (group / "cgroup.procs").unlink()
     (proc / "cgroup").write_text("0::/machine.slice/libpod-abc.scope/init.scope\n")
     nested = tmp_path / "cg" / "unified" / "machine.slice" / "libpod-abc.scope" / "system.slice" / "vllm.service"
     nested.mkdir(parents=True)
     (nested / "cgroup.procs").write_text("")
-    assert systemd.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(nested)
-    assert systemd.Cgroup.locate("/system.slice/gone.service", reader, str(tmp_path / "cg")).directory is None
+    assert systemd_cgroup.Cgroup.locate("/system.slice/vllm.service", reader, str(tmp_path / "cg")).directory == str(nested)
+    assert systemd_cgroup.Cgroup.locate("/system.slice/gone.service", reader, str(tmp_path / "cg")).directory is None
 
 
-class FakeCgroup(systemd.Cgroup):
+class FakeCgroup(systemd_cgroup.Cgroup):
     """A control group whose members are real processes; no cgroup.kill, so the kill loop is exercised."""
 
     def __init__(self, unit: FakeSystemd):
@@ -159,9 +162,9 @@ class FakeSystemd:
         self.invocation = "inv-1"
         self.restarts = 0
 
-    def show(self, unit: str) -> systemd.UnitState:
+    def show(self, unit: str) -> systemd_units.UnitState:
         if unit in self.triggers:
-            return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": self.triggers[unit], "Job": ""})
+            return systemd_units.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": self.triggers[unit], "Job": ""})
         self.calls.append("show")
         for proc in self.members:
             proc.poll()  # reap, as systemd reaps its children
@@ -177,7 +180,7 @@ class FakeSystemd:
             active = "inactive"
             if self.restart_after_stop:
                 self.invocation, self.restarts, active = "inv-2", self.restarts + 1, "active"
-        return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
+        return systemd_units.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
                                   "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
                                   "InvocationID": self.invocation, "NRestarts": str(self.restarts),
                                   "TriggeredBy": " ".join(self.triggers)})
@@ -233,13 +236,13 @@ class RecordingSignaller(Signaller):
         return super().send(handle, signum)
 
 
-def run_stop(fake: FakeSystemd, stop_timeout=5.0, kill_timeout=5.0, settle=0.0, stop_triggers=False) -> systemd.StopOutcome:
-    request = systemd.StopRequest("engine.service", stop_timeout, kill_timeout, False, False, False, settle, stop_triggers)
+def run_stop(fake: FakeSystemd, stop_timeout=5.0, kill_timeout=5.0, settle=0.0, stop_triggers=False) -> systemd_stop.StopOutcome:
+    request = systemd_stop.StopRequest("engine.service", stop_timeout, kill_timeout, False, False, False, settle, stop_triggers)
     state = fake.show("engine.service")
     cgroup = FakeCgroup(fake)
     triggers = {name: fake.show(name) for name in state.triggered_by}
-    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states=triggers)
-    stopper = systemd.UnitStopper(fake, ProcReader(), RecordingSignaller(fake.calls), locate=lambda path, reader: cgroup)
+    plan = systemd_stop.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states=triggers)
+    stopper = systemd_stop.UnitStopper(fake, ProcReader(), RecordingSignaller(fake.calls), locate=lambda path, reader: cgroup)
     return stopper.run(plan, request)
 
 
@@ -302,28 +305,28 @@ def test_plan_refuses_a_group_holding_this_run(unit_processes):
     """The plan's refusal for a given protected set (S24's end to end test is below)."""
     proc = unit_processes()
     fake = FakeSystemd([proc])
-    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, False, False, 0)
     with pytest.raises(Refused, match="holds this module or its ancestors"):
-        systemd.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), protected_pids={proc.pid})
+        systemd_stop.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), protected_pids={proc.pid})
 
 
 @pytest.mark.covers('S1', 'S2', 'S31')
 def test_plan_for_inactive_empty_missing_and_failed_units(unit_processes):
     """S1, S2, S31: unchanged when down and empty; a failed unit with leftovers still needs a stop."""
-    request = systemd.StopRequest("engine.service", 1, 1, False, True, False, 0)
-    empty = systemd.Cgroup(None, ProcReader())
-    down = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"})
-    assert not systemd.plan_stop(request, down, empty, set()).changes
-    missing = systemd.UnitState({"Id": "engine.service", "LoadState": "not-found", "ActiveState": "inactive"})
-    plan = systemd.plan_stop(request, missing, empty, set())
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, True, False, 0)
+    empty = systemd_cgroup.Cgroup(None, ProcReader())
+    down = systemd_units.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "disabled"})
+    assert not systemd_stop.plan_stop(request, down, empty, set()).changes
+    missing = systemd_units.UnitState({"Id": "engine.service", "LoadState": "not-found", "ActiveState": "inactive"})
+    plan = systemd_stop.plan_stop(request, missing, empty, set())
     assert not plan.found and not plan.changes
     with pytest.raises(Refused, match="does not exist"):
-        systemd.plan_stop(systemd.StopRequest("engine.service", 1, 1, True, False, False, 0), missing, empty, set())
+        systemd_stop.plan_stop(systemd_stop.StopRequest("engine.service", 1, 1, True, False, False, 0), missing, empty, set())
     fake = FakeSystemd([unit_processes()])
-    failed = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "failed"})
-    assert systemd.plan_stop(request, failed, FakeCgroup(fake), set()).stop
-    enabled = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled"})
-    assert systemd.plan_stop(request, enabled, empty, set()).disable
+    failed = systemd_units.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "failed"})
+    assert systemd_stop.plan_stop(request, failed, FakeCgroup(fake), set()).stop
+    enabled = systemd_units.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "UnitFileState": "enabled"})
+    assert systemd_stop.plan_stop(request, enabled, empty, set()).disable
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -368,8 +371,8 @@ def test_module_without_systemd_as_init_reports_systemctl_error(tmp_path):
 def test_triggers_are_named_in_a_warning_unless_stop_triggers(unit_processes):
     """S15, S16 (warning half): a socket or timer could start the unit again after the stop."""
     fake = FakeSystemd([unit_processes()], triggers={"engine.socket": "active", "engine.timer": "active"})
-    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
-    plan = systemd.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), set())
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    plan = systemd_stop.plan_stop(request, fake.show("engine.service"), FakeCgroup(fake), set())
     assert plan.triggers == []
     assert "engine.service can still be started by engine.socket, engine.timer; set stop_triggers" in " ".join(plan.warnings)
 
@@ -386,24 +389,24 @@ def test_stop_triggers_stops_active_triggers_before_the_unit(unit_processes):
 
 def test_stop_triggers_on_a_stopped_unit_is_a_change_only_while_a_trigger_is_active():
     """A unit already down whose socket still listens: stopping the socket is the change; then nothing is left to do."""
-    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
-    down = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "TriggeredBy": "engine.socket"})
-    empty = systemd.Cgroup(None, ProcReader())
-    listening = {"engine.socket": systemd.UnitState({"Id": "engine.socket", "ActiveState": "active"})}
-    stopped = {"engine.socket": systemd.UnitState({"Id": "engine.socket", "ActiveState": "inactive"})}
-    assert systemd.plan_stop(request, down, empty, set(), listening).changes
-    assert not systemd.plan_stop(request, down, empty, set(), stopped).changes
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
+    down = systemd_units.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "inactive", "TriggeredBy": "engine.socket"})
+    empty = systemd_cgroup.Cgroup(None, ProcReader())
+    listening = {"engine.socket": systemd_units.UnitState({"Id": "engine.socket", "ActiveState": "active"})}
+    stopped = {"engine.socket": systemd_units.UnitState({"Id": "engine.socket", "ActiveState": "inactive"})}
+    assert systemd_stop.plan_stop(request, down, empty, set(), listening).changes
+    assert not systemd_stop.plan_stop(request, down, empty, set(), stopped).changes
 
 
 @pytest.mark.parametrize("trigger", ["ssh.socket", "dbus.socket", "systemd-journald.socket"])
 def test_an_active_protected_trigger_is_refused_an_inactive_one_is_no_concern(trigger):
-    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
-    state = systemd.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "active", "TriggeredBy": trigger})
-    active = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "active"})}
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, False, False, 0, True)
+    state = systemd_units.UnitState({"Id": "engine.service", "LoadState": "loaded", "ActiveState": "active", "TriggeredBy": trigger})
+    active = {trigger: systemd_units.UnitState({"Id": trigger, "ActiveState": "active"})}
     with pytest.raises(Refused, match=f"triggered by {trigger}, which cannot be stopped"):
-        systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), active)
-    inactive = {trigger: systemd.UnitState({"Id": trigger, "ActiveState": "inactive"})}
-    assert systemd.plan_stop(request, state, systemd.Cgroup(None, ProcReader()), set(), inactive).triggers == []
+        systemd_stop.plan_stop(request, state, systemd_cgroup.Cgroup(None, ProcReader()), set(), active)
+    inactive = {trigger: systemd_units.UnitState({"Id": trigger, "ActiveState": "inactive"})}
+    assert systemd_stop.plan_stop(request, state, systemd_cgroup.Cgroup(None, ProcReader()), set(), inactive).triggers == []
 
 
 @pytest.mark.covers('S35')
@@ -438,19 +441,19 @@ class ListedUnits:
     def __init__(self):
         self.shown: list[str] = []
 
-    def show(self, unit: str) -> systemd.UnitState:
+    def show(self, unit: str) -> systemd_units.UnitState:
         self.shown.append(unit)
         if unit == "broken.service":
-            raise systemd.CommandFailed("systemctl show broken.service failed (rc 1): Access denied")
-        return systemd.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": "inactive", "Job": "", "ControlGroup": ""})
+            raise CommandFailed("systemctl show broken.service failed (rc 1): Access denied")
+        return systemd_units.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": "inactive", "Job": "", "ControlGroup": ""})
 
 
 def test_a_list_of_units_is_stopped_in_order_and_one_failure_does_not_keep_the_next_running():
     """systemd_stop_hard names: each unit's own result, in order; the failed one named, the one after it still handled."""
-    requests = [systemd.stop_request({"name": name, "stop_timeout": 1, "kill_timeout": 1, "must_exist": False, "disable": False,
+    requests = [systemd_stop.stop_request({"name": name, "stop_timeout": 1, "kill_timeout": 1, "must_exist": False, "disable": False,
                                       "allow_protected": False, "settle": 0}) for name in ("vllm", "broken", "sglang")]
     fake = ListedUnits()
-    results, failures = systemd.stop_units(requests, fake, ProcReader(), check_mode=False)
+    results, failures = systemd_stop.stop_units(requests, fake, ProcReader(), check_mode=False)
     assert fake.shown == ["vllm.service", "broken.service", "sglang.service"]
     assert [result["unit"] for result in results] == ["vllm.service", "broken.service", "sglang.service"]
     assert not results[0]["changed"] and results[2]["found"] and not results[2].get("failed")
@@ -481,7 +484,7 @@ def test_set_boot_changes_only_units_not_as_they_should_be_and_reloads_once():
             return (0 if state == "enabled" else 1), f"{state}\n", ""
         return 0, "", ""
 
-    systemctl = systemd.Systemctl(run_command, "systemctl")
+    systemctl = systemd_systemctl.Systemctl(run_command, "systemctl")
     result = systemctl.set_boot("sglang.service", list(states))
     assert result == {"enabled": ["sglang.service"], "disabled": ["vllm.service"], "at_boot": "sglang.service"}
     changes = [call for call in calls if call[0] != "is-enabled"]
@@ -499,20 +502,20 @@ def test_set_boot_reads_a_missing_unit_as_not_found_and_names_other_failures():
             return 1, "", "Failed to get unit file state for gone.service: No such file or directory\n"
         return 1, "", "Failed to connect to bus: No such file or directory\n" if argv[-1] == "x" else "Access denied\n"
 
-    systemctl = systemd.Systemctl(run_command, "systemctl")
+    systemctl = systemd_systemctl.Systemctl(run_command, "systemctl")
     assert systemctl.unit_file_state("gone.service") == "not-found"
-    with pytest.raises(systemd.CommandFailed, match="Access denied"):
+    with pytest.raises(CommandFailed, match="Access denied"):
         systemctl.unit_file_state("y.service")
 
 
-def cgroup_dir(tmp_path, events: str | None, procs: list[int]) -> systemd.Cgroup:
+def cgroup_dir(tmp_path, events: str | None, procs: list[int]) -> systemd_cgroup.Cgroup:
     """A control group's files as the kernel shows them: cgroup.events on v2 only."""
     directory = tmp_path / f"engine-{len(list(tmp_path.iterdir()))}.service"
     directory.mkdir()
     (directory / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in procs))
     if events is not None:
         (directory / "cgroup.events").write_text(f"populated {events}\nfrozen 0\n")
-    return systemd.Cgroup(str(directory), ProcReader())
+    return systemd_cgroup.Cgroup(str(directory), ProcReader())
 
 
 @pytest.mark.covers('S9')
@@ -533,10 +536,10 @@ def test_a_stop_that_leaves_a_populated_group_with_no_process_listed_fails_namin
     listed: the stop fails naming the group's path, instead of reporting an empty group."""
     fake = FakeSystemd([unit_processes()])
     ghost = cgroup_dir(tmp_path, "1", [])
-    request = systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False)
+    request = systemd_stop.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False)
     state = fake.show("engine.service")
-    plan = systemd.plan_stop(request, state, FakeCgroup(fake), protected_pids=set(), trigger_states={})
-    outcome = systemd.UnitStopper(fake, ProcReader(), RecordingSignaller(fake.calls), locate=lambda path, reader: ghost).run(plan, request)
+    plan = systemd_stop.plan_stop(request, state, FakeCgroup(fake), protected_pids=set(), trigger_states={})
+    outcome = systemd_stop.UnitStopper(fake, ProcReader(), RecordingSignaller(fake.calls), locate=lambda path, reader: ghost).run(plan, request)
     assert outcome.survivors == [] and not alive(fake.members[0].pid)
     assert any(f"its control group {ghost.directory} is still populated (cgroup.events: populated 1)" in error for error in outcome.errors)
 
@@ -550,12 +553,12 @@ def test_the_escalation_journals_each_sigkill_before_it_is_sent(tmp_path, unit_p
     fake = FakeSystemd([unit_processes(ignore_term=True), unit_processes(ignore_term=True)])
     path = tmp_path / "journal" / "signals.jsonl"
     journal = Journal(str(path), "run-7", "systemd_stop_hard")
-    request = systemd.StopRequest("engine.service", 0.3, 5.0, False, False, False, 0.0, False)
+    request = systemd_stop.StopRequest("engine.service", 0.3, 5.0, False, False, False, 0.0, False)
     state = fake.show("engine.service")
     cgroup = FakeCgroup(fake)
-    plan = systemd.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states={})
+    plan = systemd_stop.plan_stop(request, state, cgroup, protected_pids=set(), trigger_states={})
     signaller = Signaller(ProcReader(), journal=journal)
-    outcome = systemd.UnitStopper(fake, ProcReader(), signaller, locate=lambda path, reader: cgroup).run(plan, request)
+    outcome = systemd_stop.UnitStopper(fake, ProcReader(), signaller, locate=lambda path, reader: cgroup).run(plan, request)
     assert outcome.escalated and outcome.survivors == []
     lines = read(str(path), "run-7")
     pids = {proc.pid for proc in fake.members}
@@ -585,17 +588,17 @@ def test_a_unit_whose_group_holds_this_run_is_refused_by_stop_unit_itself(monkey
     ssh.service): stop_unit works out its own lineage (pid and ancestors) from /proc - nothing passed in - and refuses
     before any stop job or signal. The stand-ins raise if anything reaches them."""
     fake = FakeSystemd([OwnLineage(os.getpid())], kill_mode="none")
-    monkeypatch.setattr(systemd.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(fake)))
+    monkeypatch.setattr(systemd_cgroup.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(fake)))
     monkeypatch.setattr(Signaller, "send", lambda self, handle, signum: pytest.fail(f"signal {signum} sent"))
-    request = systemd.StopRequest("engine.service", 1, 1, False, False, False, 0)
+    request = systemd_stop.StopRequest("engine.service", 1, 1, False, False, False, 0)
     with pytest.raises(Refused, match="holds this module or its ancestors"):
-        systemd.stop_unit(request, fake, ProcReader(), check_mode=False)
+        systemd_stop.stop_unit(request, fake, ProcReader(), check_mode=False)
     assert "stop" not in fake.calls, "no stop job was queued"
 
     parent = FakeSystemd([OwnLineage(os.getppid())], kill_mode="none")
-    monkeypatch.setattr(systemd.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(parent)))
+    monkeypatch.setattr(systemd_cgroup.Cgroup, "locate", classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": FakeCgroup(parent)))
     with pytest.raises(Refused, match="holds this module or its ancestors"):
-        systemd.stop_unit(request, parent, ProcReader(), check_mode=True)
+        systemd_stop.stop_unit(request, parent, ProcReader(), check_mode=True)
     assert "stop" not in parent.calls
 
 
@@ -652,13 +655,13 @@ def test_a_second_stop_of_the_same_unit_waits_on_its_lock_and_another_unit_does_
     holder = os.open(_locking.lock_path("systemd_stop_hard.engine.service"), os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
-        other = systemd.stop_unit(systemd.StopRequest("other.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
+        other = systemd_stop.stop_unit(systemd_stop.StopRequest("other.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
         assert other["changed"] is False
         started = time.monotonic()
         with pytest.raises(LockTimeout, match="another run holds .*systemd_stop_hard.engine.service.lock"):
-            systemd.stop_unit(systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
+            systemd_stop.stop_unit(systemd_stop.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(), False)
         assert time.monotonic() - started >= 0.6, "it waited for the lock, for as long as a run may take"
     finally:
         os.close(holder)
-    assert systemd.stop_unit(systemd.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(),
+    assert systemd_stop.stop_unit(systemd_stop.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(),
                              False)["changed"] is False
