@@ -202,6 +202,10 @@ def plan(settings: Settings, node: Found) -> dict:
         "sweep": sweep_plan(settings, node) if unchanged else None,
         # a parked engine that died or was restarted is no way back: an unchanged node forgets it (its record, its hold)
         "forget_parked": forget_parked(node) if unchanged else None,
+        # ... removed for real (not in check mode): nothing is parked on the node afterwards
+        "parked_forgotten": bool(unchanged and forget_parked(node) and not settings.check_mode),
+        # an unchanged node is put back in the balancer's rotation (an interrupted run may have left it out)
+        "rejoin_rotation": unchanged and not no_balancer and not settings.check_mode,
         "would_change": would_change,
         "staged": staged,
         "in_place": in_place,

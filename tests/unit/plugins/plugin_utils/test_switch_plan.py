@@ -106,6 +106,24 @@ def test_an_unchanged_node_forgets_a_parked_engine_that_is_parked_no_more():
     assert switch_plan.plan(settings(), found(**serving))["forget_parked"] is None
     # a switch decides the parked engine's fate itself (cold, evicted)
     assert switch_plan.plan(settings(), found(parked=dead))["forget_parked"] is None
+    assert steps["parked_forgotten"], "removed for real: nothing parked on the node afterwards"
+    assert not switch_plan.plan(settings(check_mode=True), found(**serving, parked=dead))["parked_forgotten"], "--check removes nothing"
+    assert not switch_plan.plan(settings(), found(**serving))["parked_forgotten"]
+
+
+def test_what_follows_the_read_is_one_answer_the_role_includes():
+    """The role's task file after the read, and whether it prepares: the planner's answer, not the role's Jinja."""
+    serving = {"found": ["sglang"], "serving": ["sglang"], "previous": "sglang"}
+    assert switch_plan.plan(settings(), found(**serving))["path"] == "unchanged"
+    assert switch_plan.plan(settings(check_mode=True), found())["path"] == "plan"
+    assert switch_plan.plan(settings(), found())["path"] == "switch"
+    behind = settings(rotation="haproxy")
+    assert switch_plan.plan(behind, found())["prepare"] and not switch_plan.plan(behind, found(**serving))["prepare"], (
+        "an unchanged node prepares nothing")
+    assert switch_plan.plan(behind, found(**serving))["rejoin_rotation"], "an unchanged node behind a balancer is put back in rotation"
+    assert not switch_plan.plan(settings(), found(**serving))["rejoin_rotation"], "no balancer: nothing to join"
+    assert not switch_plan.plan(settings(rotation="haproxy", check_mode=True), found(**serving))["rejoin_rotation"], "--check joins nothing"
+    assert not switch_plan.plan(behind, found())["rejoin_rotation"], "a switch joins after its cutover"
 
 
 def test_the_way_back_leaves_another_users_job_unless_the_operator_asked_to_kill_it():
