@@ -24,7 +24,7 @@ def _wrapped(function):
 class FilterModule:
     def filters(self):
         return {"cutover_engine": _wrapped(_switch.cutover_engine), "switch_steps": _wrapped(_switch.switch_steps),
-                "switch_before_read": _wrapped(_switch.switch_before_read), "switch_finish": _wrapped(_switch.switch_finish),
+                "switch_opening": _wrapped(_switch.switch_opening), "switch_finish": _wrapped(_switch.switch_finish),
                 "cutover_record": _wrapped(_switch.cutover_record), "rollback_record": _wrapped(_switch.rollback_record),
                 "lost_during": _wrapped(_switch.lost_during),
                 "cutover_inputs": _wrapped(_switch.cutover_inputs),

@@ -204,8 +204,8 @@ def switch_steps(settings: dict, found: dict) -> dict:
     return _planned(lambda: switch_plan.plan(switch_plan.Settings.from_vars(settings), switch_plan.Found.from_vars(found)))
 
 
-def switch_before_read(settings: dict) -> dict:
-    return _planned(lambda: switch_plan.before_read(switch_plan.Settings.from_vars(settings)))
+def switch_opening(settings: dict) -> dict:
+    return _planned(lambda: switch_plan.opening(switch_plan.Settings.from_vars(settings)))
 
 
 def switch_finish(steps: dict, result: str | None, cutover_node: dict | None) -> dict:

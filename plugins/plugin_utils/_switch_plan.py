@@ -105,9 +105,10 @@ class Found:
         return cls(**values)
 
 
-def before_read(settings: Settings) -> dict:
-    """What the switch needs before the engines' read: the rotation's hooks complete (or why not: rotation_error, ''
-    when they are), and the lease as first taken, covering the phases before the cutover with the prewarm's bound."""
+def opening(settings: Settings) -> dict:
+    """The switch's opening - what it needs before the engines' read, which takes the lease: the rotation's hooks
+    complete (or why not: rotation_error, '' when they are), and the lease as first taken, covering the phases before
+    the cutover with the prewarm's bound."""
     complete = (settings.rotation == "none" or (settings.rotation == "haproxy" and settings.haproxy_backend)
                 or (settings.rotation == "custom" and settings.leave_tasks and settings.join_tasks))
     error = "" if complete else (f"switch_engine_rotation is {settings.rotation}: none, haproxy (with switch_engine_haproxy_backend) or custom"
@@ -156,7 +157,7 @@ def plan(settings: Settings, node: Found) -> dict:
     unchanged = (node.found == [settings.target] and not any(would_change.values()) and settings.target in node.serving and not staged)
 
     if settings.rotation not in ("none", "haproxy", "custom"):
-        raise InvalidInput(before_read(settings)["rotation_error"])
+        raise InvalidInput(opening(settings)["rotation_error"])
     no_balancer = settings.rotation == "none"
     # with no balancer between them, the cutover takes over the steps around its drain (module runs fewer); not where
     # the preflight has work of its own first (a pinned install, the target's user to create), nor when only planning,

@@ -207,13 +207,13 @@ def test_bad_settings_are_named():
 
 def test_before_the_read_the_rotation_hooks_complete_or_why_not_and_the_first_lease():
     def error(**changes):
-        return switch_plan.before_read(settings(**changes))["rotation_error"]
+        return switch_plan.opening(settings(**changes))["rotation_error"]
     assert error() == "" and error(rotation="haproxy", haproxy_backend="engines") == ""
     assert "with switch_engine_haproxy_backend" in error(rotation="haproxy")
     assert error(rotation="custom", leave_tasks="leave.yml", join_tasks="join.yml") == ""
     assert error(rotation="custom", leave_tasks="leave.yml").startswith("switch_engine_rotation is custom")
-    assert switch_plan.before_read(settings())["first_lease_seconds"] == 330
-    assert switch_plan.before_read(settings(prewarm=False))["first_lease_seconds"] == 300
+    assert switch_plan.opening(settings())["first_lease_seconds"] == 330
+    assert switch_plan.opening(settings(prewarm=False))["first_lease_seconds"] == 300
 
 
 def test_only_a_previous_model_staged_from_the_hub_may_be_replaced_and_its_staging_is_the_way_back():
