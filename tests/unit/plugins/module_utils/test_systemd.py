@@ -181,9 +181,9 @@ class FakeSystemd:
             if self.restart_after_stop:
                 self.invocation, self.restarts, active = "inv-2", self.restarts + 1, "active"
         return systemd_units.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
-                                  "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
-                                  "InvocationID": self.invocation, "NRestarts": str(self.restarts),
-                                  "TriggeredBy": " ".join(self.triggers)})
+                                        "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
+                                        "InvocationID": self.invocation, "NRestarts": str(self.restarts),
+                                        "TriggeredBy": " ".join(self.triggers)})
 
     def stop(self, unit: str) -> None:
         if unit in self.triggers:
@@ -451,7 +451,7 @@ class ListedUnits:
 def test_a_list_of_units_is_stopped_in_order_and_one_failure_does_not_keep_the_next_running():
     """systemd_stop_hard names: each unit's own result, in order; the failed one named, the one after it still handled."""
     requests = [systemd_stop.stop_request({"name": name, "stop_timeout": 1, "kill_timeout": 1, "must_exist": False, "disable": False,
-                                      "allow_protected": False, "settle": 0}) for name in ("vllm", "broken", "sglang")]
+                                           "allow_protected": False, "settle": 0}) for name in ("vllm", "broken", "sglang")]
     fake = ListedUnits()
     results, failures = systemd_stop.stop_units(requests, fake, ProcReader(), check_mode=False)
     assert fake.shown == ["vllm.service", "broken.service", "sglang.service"]
@@ -664,4 +664,4 @@ def test_a_second_stop_of_the_same_unit_waits_on_its_lock_and_another_unit_does_
     finally:
         os.close(holder)
     assert systemd_stop.stop_unit(systemd_stop.StopRequest("engine.service", 0.3, 0.3, False, False, False, 0.0, False), fake, ProcReader(),
-                             False)["changed"] is False
+                                  False)["changed"] is False
