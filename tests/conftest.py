@@ -336,10 +336,10 @@ class ModuleResult:
         return [w["event"]["msg"] if isinstance(w, dict) else w for w in self.result.get("warnings", [])]
 
 
-def _module_invocation(name: str, args: dict, check_mode: bool, env: dict | None) -> dict:
+def _module_invocation(name: str, args: dict, check_mode: bool, env: dict | None, prefix: tuple[str, ...] = ()) -> dict:
     module_args = dict(args, _ansible_check_mode=check_mode)
     return {
-        "args": [sys.executable, "-m", f"ansible_collections.gpufleet.serving.plugins.modules.{name}",
+        "args": [*prefix, sys.executable, "-m", f"ansible_collections.gpufleet.serving.plugins.modules.{name}",
                  json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
         "text": True, "cwd": "/", "env": {**os.environ, "PYTHONPATH": str(COLLECTIONS), **(env or {})},
     }
@@ -350,9 +350,11 @@ def start_module(name: str, args: dict, env: dict | None = None) -> subprocess.P
     return subprocess.Popen(stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_module_invocation(name, args, False, env))
 
 
-def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120) -> ModuleResult:
-    """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node."""
-    proc = subprocess.run(capture_output=True, timeout=timeout, check=False, **_module_invocation(name, args, check_mode, env))
+def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None = None, timeout: float = 120,
+               prefix: tuple[str, ...] = ()) -> ModuleResult:
+    """Execute plugins/modules/<name>.py in its own Python process, as Ansible does on a managed node; `prefix` runs it
+    under a command that changes how it runs (setpriv dropping a capability, a sacrificial parent)."""
+    proc = subprocess.run(capture_output=True, timeout=timeout, check=False, **_module_invocation(name, args, check_mode, env, prefix))
     try:
         result = json.loads(proc.stdout)
     except json.JSONDecodeError:

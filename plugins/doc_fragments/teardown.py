@@ -54,6 +54,14 @@ options:
     type: str
     choices: [kill, report, fail]
     default: fail
+  incomplete_scan:
+    description:
+      - What to do when the holder scan cannot see every process's open files (the module runs without
+        C(CAP_SYS_PTRACE), or a process's files could not be read), as M(gpufleet.serving.gpu_holders_kill)'s option.
+        V(fail) refuses before anything is stopped, V(warn) goes on with a warning.
+    type: str
+    choices: [fail, warn]
+    default: fail
   owners:
     description:
       - The engines' users. Their GPU holders outside O(units) are the engines' escaped workers, killed with the units'

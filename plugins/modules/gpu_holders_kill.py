@@ -31,6 +31,7 @@ ARGUMENT_SPEC = dict(
     units=dict(type="list", elements="str", default=[]),
     kept_units=dict(type="list", elements="str", default=[]),
     outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
+    incomplete_scan=dict(type="str", choices=["fail", "warn"], default="fail"),
     owners=dict(type="list", elements="str", default=[]),
     journal_path=dict(type="str", default=journal.DEFAULT_PATH),
     run_id=dict(type="str"),

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import alive, remove_cgroup
+from conftest import alive, remove_cgroup, wait_for
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
@@ -87,6 +87,32 @@ def test_whole_group_is_killed_and_the_decoy_outside_survives(group, tmp_path):
         if tree.poll() is None:
             tree.kill()
             tree.wait()
+
+
+@pytest.mark.covers('S12')
+def test_a_process_in_a_sub_group_of_the_unit_is_listed_and_killed(group, tmp_path):
+    """S12 with Delegate=yes: the engine's process sits in <unit>.service/payload, not in the unit's own group. It is
+    listed, keeps the group from reading empty, and dies with the group (on v1 by the signal loop, which finds it only by
+    walking the sub-groups); a process in the unit's own group beside it too."""
+    layout, path = group
+    payload = os.path.join(path, "payload")
+    os.mkdir(payload)
+    inside = subprocess.Popen(["sh", "-c", f'echo $$ > "{payload}/cgroup.procs"; exec sleep 1000'])
+    beside = subprocess.Popen(["sh", "-c", f'echo $$ > "{path}/cgroup.procs"; exec sleep 1000'])
+    try:
+        cgroup = Cgroup(path, ProcReader())
+        wait_for(lambda: {inside.pid, beside.pid} <= set(cgroup.pids()), "the processes never joined their groups")
+        assert not cgroup.empty()
+        method = cgroup.kill_all(Signaller(), Deadline(10))
+        assert method == ("cgroup.kill" if layout == "v2" else "signal loop")
+        assert inside.wait(timeout=10) == -signal.SIGKILL and beside.wait(timeout=10) == -signal.SIGKILL
+        wait_for(cgroup.empty, f"group still holds {cgroup.pids()}")
+    finally:
+        for proc in (inside, beside):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        remove_cgroup(payload)
 
 
 @pytest.mark.covers('S28', 'S38')

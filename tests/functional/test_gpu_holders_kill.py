@@ -57,10 +57,11 @@ def test_no_holders_is_unchanged_in_check_and_real_mode(devices, nvml_env):
 
 
 @pytest.mark.covers('G2', 'G28')
-def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env):
-    """G2, G28: check mode plans and signals nothing, naming the holder's pid, start time, exe, cgroup and GPUs (by index
-    and UUID); the real run terminates; the second run changes nothing."""
+def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, nvml_env, unit_groups):
+    """G2, G28: check mode plans and signals nothing, naming the holder's pid, start time, exe, cgroup (its own, in
+    another group than the module's) and GPUs (by index and UUID); the real run terminates; the second run changes nothing."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), devices.ctl)
+    unit_groups.put(pid, "vllm.service")
 
     plan = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
     assert plan["changed"] is True
@@ -71,7 +72,8 @@ def test_fd_holder_is_planned_in_check_mode_then_terminated(devices, processes, 
     assert target["via"] == ["fd"]
     assert target["devices"] == sorted([devices.gpu(0), devices.ctl])
     assert target["start_time"] > 0 and target["exe"] == os.path.realpath(sys.executable)
-    assert target["cgroup"].startswith("/")
+    assert target["cgroup"] == ProcReader().cgroup(pid) and target["cgroup"].endswith(".slice/vllm.service")
+    assert target["cgroup"] != ProcReader().cgroup(os.getpid()) and target["unit"] == "vllm.service"
     # its GPUs by UUID as well as by index, as NVML names them
     inventory = run_module("gpu_memory_assert", {"device_paths": devices.globs, "timeout": 0}, env=nvml_env)["gpus"]
     assert len(target["gpus"]) == 1 and target["gpu_uuids"] == [gpu["uuid"] for gpu in inventory if gpu["index"] == target["gpus"][0]]
@@ -856,7 +858,7 @@ def test_a_holder_behind_a_blocked_read_is_never_taken_for_no_holder(devices, pr
     for check_mode in (True, False):
         refused = run_module(MODULE, kill_args(devices, term_timeout=2, kill_timeout=2), check_mode=check_mode, env=nvml_env, timeout=30)
         assert refused.failed and refused["signals"] == [], refused.result
-        assert "may hold the GPUs: reading their open files blocked" in refused["msg"] and f"pid {hidden} " in refused["msg"]
+        assert "may hold the GPUs" in refused["msg"] and f"pid {hidden} " in refused["msg"] and "reading its open files blocked" in refused["msg"]
         (possible,) = refused["possible_holders"]
         assert possible["pid"] == hidden and possible["blocked_reads"] == ["files"]
         assert refused["unreadable"].get("files_blocked", 0) >= 1
@@ -1088,3 +1090,37 @@ def test_a_journal_that_cannot_be_written_refuses_the_run_before_any_signal(devi
     assert result.failed and f"the signal journal {blocker / 'signals.jsonl'} cannot be written" in result["msg"]
     assert "nothing was signalled" in result["msg"]
     assert alive(pid) and not is_stopped(pid)
+
+
+# setpriv (util-linux) drops a capability from this process and every child for real: the kernel then hides the open
+# files of other users' processes from root, as in a container given default capabilities
+WITHOUT_PTRACE = ("setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace", "--")
+
+
+@pytest.mark.covers('G6')
+def test_without_cap_sys_ptrace_the_scan_is_incomplete_and_the_run_refused_naming_the_capability(devices, processes, nvml_env):
+    """G6 fail closed: root without CAP_SYS_PTRACE cannot read another user's /proc/<pid>/fd (EACCES) - the holder it
+    hides is never "no holder". Check mode and the real run fail once, naming the missing capability and the possible
+    holder; incomplete_scan=warn accepts the scan with a warning, still false in scan_complete; with the capability
+    the same holder is found and planned."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to drop CAP_SYS_PTRACE")
+    _helper, (hidden,) = processes.holder("--open", devices.gpu(1), "--user", "nobody")
+    for check_mode in (True, False):
+        refused = run_module(MODULE, kill_args(devices), check_mode=check_mode, env=nvml_env, prefix=WITHOUT_PTRACE)
+        assert refused.failed and refused["signals"] == [] and refused["holders"] == [], refused.result
+        assert refused["msg"].count("without CAP_SYS_PTRACE") == 1 and "incomplete_scan: warn" in refused["msg"]
+        assert refused["scan_complete"] is False and refused["missing_capabilities"] == ["CAP_SYS_PTRACE"]
+        (possible,) = [holder for holder in refused["possible_holders"] if holder["pid"] == hidden]
+        assert possible["user"] == "nobody" and "permission denied" in possible["why"]
+        assert refused["unreadable"]["permission_denied"] >= 1
+    assert alive(hidden) and not os.path.exists(journal_of(devices))
+
+    accepted = run_module(MODULE, kill_args(devices, incomplete_scan="warn"), check_mode=True, env=nvml_env, prefix=WITHOUT_PTRACE)
+    assert not accepted.failed and accepted["scan_complete"] is False, accepted.result
+    assert any("without CAP_SYS_PTRACE" in warning for warning in accepted.warnings)
+    assert hidden in pids_of(accepted["possible_holders"]) and hidden not in pids_of(accepted["targets"])
+
+    seen = run_module(MODULE, kill_args(devices), check_mode=True, env=nvml_env)
+    assert seen["scan_complete"] is True and seen["missing_capabilities"] == [] and seen["possible_holders"] == []
+    assert pids_of(seen["targets"]) == {hidden}

@@ -37,6 +37,8 @@ GPU_NODE_NAME = re.compile(r"^nvidia(\d+)$")
 INIT_PID_NAMESPACE = "pid:[4026531836]"  # PROC_PID_INIT_INO
 PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's ceiling for pid_max on 64-bit
 IMPLAUSIBLE_PID = "implausible PID"  # the stale reason of an NVML PID no process can have
+PERMISSION_DENIED = "permission_denied"  # the unreadable reason of a process whose files the kernel refused to show
+CAP_SYS_PTRACE = 19  # include/uapi/linux/capability.h
 
 # Never signalled whatever the options: daemons a GPU node runs besides the engines, each with why.
 PROTECTED_DAEMONS = {
@@ -138,6 +140,7 @@ class ScanResult:
     unreadable: Counter = field(default_factory=Counter)  # /proc entries that could not be read, by reason
     minor_by_path: dict[str, int | None] = field(default_factory=dict)
     blocked: dict[int, str] = field(default_factory=dict)  # pid -> the read (files, maps) that blocked past its time box
+    denied: set[int] = field(default_factory=set)  # pids whose open files or mappings the kernel refused to show (EACCES)
 
 
 FILES_STAGE, MAPS_STAGE = 1, 2
@@ -177,6 +180,8 @@ class HolderScanner:
         for pid, value in found.items():
             if value.get("unreadable"):
                 result.unreadable[value["unreadable"]] += 1
+            if value.get("unreadable") == PERMISSION_DENIED:
+                result.denied.add(pid)
             if value["via"]:
                 result.holdings[pid] = Holding(pid, set(value["via"]), set(value["devices"]))
         return result
@@ -196,16 +201,17 @@ class HolderScanner:
             state = self.reader.stat(pid).state
             base = self._live_view(pid, state)
             stage(FILES_STAGE)
-            self._scan_fds(base, holding, found)
+            if self._scan_fds(base, holding, found):
+                reason = PERMISSION_DENIED  # the maps may still show a holding: read them all the same
             stage(MAPS_STAGE)
             if state == "D":
-                reason = "maps_skipped_uninterruptible"  # reading maps can block on a wedged task
+                reason = reason or "maps_skipped_uninterruptible"  # reading maps can block on a wedged task
             else:
                 self._scan_maps(base, holding)
         except (ProcessGone, FileNotFoundError, ProcessLookupError):
             reason, holding = "vanished", Holding(pid)
         except PermissionError:
-            reason = "permission_denied"
+            reason = PERMISSION_DENIED
         except (ValueError, IndexError):
             reason, holding = "unparsable", Holding(pid)
         if holding.via or reason or sent:  # the rest hold nothing: nothing to send
@@ -229,8 +235,10 @@ class HolderScanner:
                     return self.reader.path(pid, "task", tid)
         return self.reader.path(pid)
 
-    def _scan_fds(self, base: str, holding: Holding, found=None) -> None:
-        """`found(holding)` after each device found: stat() of a later descriptor may block (a file on a hung mount)."""
+    def _scan_fds(self, base: str, holding: Holding, found=None) -> int:
+        """`found(holding)` after each device found: stat() of a later descriptor may block (a file on a hung mount).
+        Returns how many descriptors the kernel refused to show (EACCES: no CAP_SYS_PTRACE over the process, an LSM):
+        any of them may be a GPU's, so the caller never reads that as "holds nothing"."""
         # stat each descriptor relative to the open fd directory: a one-component lookup instead of a /proc path walk
         directory = os.open(os.path.join(base, "fd"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -239,11 +247,15 @@ class HolderScanner:
                 return os.readlink(name, dir_fd=directory) in self.paths
             except OSError:
                 return False
+        denied = 0
         try:
             # descriptors named as a device first: a file on a hung mount opened earlier cannot hide them
             for name in sorted(os.listdir(directory), key=lambda name: not named_a_device(name)):
                 try:
                     info = os.stat(name, dir_fd=directory)
+                except PermissionError:
+                    denied += 1
+                    continue
                 except OSError:
                     continue  # closed meanwhile, or a dangling anon inode
                 node = self.by_fd_key.get(fd_key_of(info))
@@ -254,6 +266,7 @@ class HolderScanner:
                         found(holding)
         finally:
             os.close(directory)
+        return denied
 
     def _scan_maps(self, base: str, holding: Holding) -> None:
         text = read_file(os.path.join(base, "maps"))
@@ -268,10 +281,20 @@ class HolderScanner:
 
 
 def in_init_pid_namespace() -> bool:
+    """Whether this process sees the host's PIDs, as NVML reports them. Where that cannot be read, it is not assumed:
+    NVML's PIDs are then used for nothing (the device files found by fd and mmap decide alone)."""
     try:
         return os.readlink("/proc/self/ns/pid") == INIT_PID_NAMESPACE
     except OSError:
-        return True
+        return False
+
+
+def missing_scan_capabilities(status: dict[str, str]) -> list[str]:
+    """The capabilities a complete scan needs that this process lacks (from its /proc/self/status): without
+    CAP_SYS_PTRACE the kernel refuses to show the open files of every process this one may not ptrace (another user's,
+    or root's with capabilities it lacks), so no scan can say "no holder"."""
+    effective = int(status.get("CapEff", "0") or "0", 16)
+    return [] if effective & (1 << CAP_SYS_PTRACE) else ["CAP_SYS_PTRACE"]
 
 
 def protected_name(comm: str, exe: str | None, names: list[str]) -> str | None:
@@ -334,12 +357,18 @@ class KillPlan:
     foreign: list[dict] = field(default_factory=list)  # outside the units and not the engines' users', whatever was done with them
     kept: list[dict] = field(default_factory=list)  # a parked engine's: never signalled
     escaped_parents: list[dict] = field(default_factory=list)  # of the engines' escaped workers: signalled with them, first
-    # processes whose open files could not all be read (a read blocked past its time box) and in which nothing was found:
-    # they may hold a GPU, so the run fails closed naming them (never "no holder")
+    # processes whose open files could not all be read (a read blocked past its time box, or the kernel refused it) and
+    # in which nothing was found: they may hold a GPU, so the run fails closed naming them (never "no holder")
     possible: list[dict] = field(default_factory=list)
+    missing_capabilities: list[str] = field(default_factory=list)  # what this process lacks for a complete scan
     unreadable: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     inventory: dict | None = None  # NVML's reading the plan was made from (None: not queried)
+
+
+# why a process is a possible holder (possible_holders' `why`)
+BLOCKED_WHY = "reading its open files blocked past the time box (a file on a hung mount) before every descriptor was seen"
+DENIED_WHY = "the kernel refused to show its open files (permission denied: no CAP_SYS_PTRACE over it, an LSM or hidepid)"
 
 
 def cross_check_nvml(listed: list[NvmlProcess], scanner: HolderScanner, scan: ScanResult, reader: ProcReader) -> list[dict]:
@@ -380,13 +409,16 @@ def plan_kill(scan: ScanResult, reader: ProcReader, guard: Guard, minor_to_index
     """Describe every holder of the selected GPUs and split them into targets, protected and ambiguous. Each holder
     names its GPUs by NVML index and, where NVML was asked, by UUID (an index can change across reboots, a UUID not)."""
     plan = KillPlan(unreadable=dict(scan.unreadable))
-    for pid, stage in sorted(scan.blocked.items()):
-        if pid in scan.holdings or stage != "files":
+    unseen = {pid: BLOCKED_WHY for pid, stage in scan.blocked.items() if stage == "files"}
+    unseen.update({pid: DENIED_WHY for pid in scan.denied})
+    for pid in sorted(unseen):
+        if pid in scan.holdings:
             continue
         try:
             info = describe(reader, pid)
             if guard.reason(info, reader.stat(pid).is_kernel_thread) is None:
-                plan.possible.append(dict(info, blocked_reads=sorted(reader.blocked.get(pid) or {stage})))
+                blocked = sorted(reader.blocked.get(pid) or ({scan.blocked[pid]} if pid in scan.blocked else set()))
+                plan.possible.append(dict(info, why=unseen[pid], **({"blocked_reads": blocked} if blocked else {})))
         except (ProcessGone, PermissionError, ValueError, IndexError):
             continue  # gone since: it holds nothing
     for pid in sorted(scan.holdings):

@@ -27,17 +27,26 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders imp
     cross_check_nvml,
     device_nodes,
     in_init_pid_namespace,
+    missing_scan_capabilities,
     plan_kill,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._locking import host_lock, lock_path
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
-from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcessIdentity, ProcReader, describe, owner_uid
+from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import (
+    ProcessGone,
+    ProcessIdentity,
+    ProcReader,
+    describe,
+    own_status,
+    owner_uid,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, survivor_report, terminate_then_kill
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative, positive_int
 
 SOURCES = ("proc", "nvml")
 OUTSIDE_UNITS = ("kill", "report", "fail")
+INCOMPLETE_SCAN = ("fail", "warn")
 SESSION_SCOPE = re.compile(r"^session-[^/]+\.scope$")
 # where logind does not run, an SSH login's processes stay in the SSH daemon's own service
 SSH_SERVICES = ("ssh.service", "sshd.service")
@@ -65,6 +74,8 @@ class KillRequest:
     owner_uids: frozenset[int] = frozenset()
     # a parked engine's units: their processes are kept (never signalled, never foreign) and listed as such
     kept_units: tuple[str, ...] = ()
+    # a scan that could not see every process's files (a capability missing, a read refused or blocked): refused, or warned
+    incomplete_scan: str = "fail"
 
     @classmethod
     def from_params(cls, params: dict, reader: ProcReader) -> KillRequest:
@@ -84,6 +95,9 @@ class KillRequest:
         outside_units = params.get("outside_units") or "fail"
         if outside_units not in OUTSIDE_UNITS:
             raise InvalidInput(f"outside_units: {outside_units!r} is not one of {', '.join(OUTSIDE_UNITS)}")
+        incomplete_scan = params.get("incomplete_scan") or "fail"
+        if incomplete_scan not in INCOMPLETE_SCAN:
+            raise InvalidInput(f"incomplete_scan: {incomplete_scan!r} is not one of {', '.join(INCOMPLETE_SCAN)}")
         owner_uids = frozenset(owner_uid(owner) for owner in params.get("owners") or [])
         protected = list(params.get("protected") or [])
         for name in protected:
@@ -105,6 +119,7 @@ class KillRequest:
             outside_units=outside_units,
             owner_uids=frozenset(uid for uid in owner_uids if uid is not None),
             kept_units=kept_units,
+            incomplete_scan=incomplete_scan,
         )
 
     @property
@@ -132,6 +147,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     init_pid_namespace() whether this process sees the host's PIDs, as NVML reports them (default: read from /proc).
     """
     warnings = []
+    missing = missing_scan_capabilities(own_status())
     inventory = None
     if request.needs_nvml:
         with nvml_client_factory(request.nvml_timeout) as nvml:  # closed before the scan: its worker holds the devices
@@ -158,7 +174,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
             # device files found by fd and mmap decide alone
             stale = [{"pid": process.pid, "gpu": process.gpu, "used_mib": process.used_mib, "reason": HOST_PID} for process in listed]
             if listed:
-                warnings.append(f"this module runs in a PID namespace while NVML reports host PIDs: NVML PIDs "
+                warnings.append(f"this module runs in a PID namespace (or its namespace could not be read) while NVML reports host PIDs: NVML PIDs "
                                 f"{', '.join(sorted({str(process.pid) for process in listed}, key=int))} were not used to place or "
                                 "select holders (the device files found by fd and mmap decide), and were not signalled")
         stale = [entry for entry in stale if selected_indexes is None or entry["gpu"] in selected_indexes]
@@ -175,6 +191,7 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     plan = plan_kill(scan, reader, guard, minor_to_index, selected_minors, selected_indexes, uuid_by_index)
     plan.stale_nvml_pids = stale
     plan.inventory = inventory
+    plan.missing_capabilities = missing
     if request.kill_ambiguous:
         plan.targets = sorted(plan.targets + [{k: v for k, v in holder.items() if k != "reason"} for holder in plan.ambiguous],
                               key=lambda holder: holder["pid"])
@@ -184,6 +201,8 @@ def observe(request: KillRequest, nvml_client_factory, reader: ProcReader, self_
     # first: a parent signalled after its worker could start it again in between
     plan.targets = plan.escaped_parents + plan.targets
     plan.warnings = warnings + _unit_warnings(plan)
+    if request.incomplete_scan == "warn":
+        plan.warnings += [f"{why} (incomplete_scan: warn)" for why in incomplete_scan_reasons(plan)]
     if plan.ambiguous:
         plan.warnings.append(f"{len(plan.ambiguous)} holder(s) hold nodes of the selected and other GPUs and NVML lists them on none "
                              "(forked children, NVML clients): left alone, see `ambiguous`; set ambiguous: kill or free all GPUs to include them")
@@ -267,15 +286,33 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
         plan.targets = [target for target in plan.targets if not target["foreign"]]
 
 
-def refusal(plan: KillPlan, request: KillRequest) -> str | None:
-    """Why nothing may be signalled: a process that may hold a GPU behind a read that blocked, targets outside the units
-    under outside_units=fail, or in a restarting service."""
+def incomplete_scan_reasons(plan: KillPlan) -> list[str]:
+    """Why the scan could not see every process's open files: a capability this process lacks (said once, for every
+    process it hides), then the processes whose files could not be read, each named with why (possible_holders)."""
+    reasons = [f"this module runs without {', '.join(plan.missing_capabilities)}: the kernel hides the open files of every "
+               "process it may not trace (another user's, or root's with capabilities it lacks), so a GPU holder cannot be "
+               "ruled out. Run it with that capability (as root on the host, or a container given --cap-add SYS_PTRACE)"
+               for _missing in plan.missing_capabilities[:1]]
     if plan.possible:
-        shown = "; ".join(f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user', holder.get('uid'))} in "
-                          f"{holder.get('unit') or 'no unit'}" for holder in plan.possible[:5])
-        return (f"{len(plan.possible)} process(es) may hold the GPUs: reading their open files blocked past the time box (a file on a "
-                f"hung mount) before every descriptor was seen ({shown}; see possible_holders): nothing was signalled. Unwedge "
-                "or stop them, or list them in protected_pids when they hold no GPU")
+        reasons.append(f"{len(plan.possible)} process(es) may hold the GPUs ({describe_possible(plan.possible)}; see possible_holders)")
+    return reasons
+
+
+def describe_possible(possible: list[dict]) -> str:
+    """pid, command, user, unit and why of the first few possible holders, for a message."""
+    shown = [f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user', holder.get('uid'))} in "
+             f"{holder.get('unit') or 'no unit'}: {holder.get('why')}" for holder in possible[:5]]
+    return "; ".join(shown) + (f"; and {len(possible) - 5} more" if len(possible) > 5 else "")
+
+
+def refusal(plan: KillPlan, request: KillRequest) -> str | None:
+    """Why nothing may be signalled: an incomplete scan (a capability missing, a process whose files could not be read)
+    unless incomplete_scan=warn, targets outside the units under outside_units=fail, or in a restarting service."""
+    incomplete = incomplete_scan_reasons(plan)
+    if incomplete and request.incomplete_scan == "fail":
+        return ("the scan for GPU holders is incomplete: " + "; ".join(incomplete) + ". Nothing was signalled. Unwedge or stop "
+                "the processes named, list them in protected_pids when they hold no GPU, or accept an incomplete scan with "
+                "incomplete_scan: warn")
     if request.outside_units == "fail" and plan.outside:
         owners = " and not run by the engines' users" if request.owner_uids else ""
         return (f"{len(plan.outside)} process(es) hold the GPUs outside the units being stopped{owners} "
@@ -320,7 +357,8 @@ def apply(plan: KillPlan, request: KillRequest, signaller: Signaller) -> dict:
 def plan_result(plan: KillPlan) -> dict:
     return {"holders": plan.holders, "targets": plan.targets, "protected": plan.protected, "ambiguous": plan.ambiguous,
             "outside": plan.outside, "foreign": plan.foreign, "restarting": plan.restarting, "stale_nvml_pids": plan.stale_nvml_pids,
-            "unreadable": plan.unreadable, "kept": plan.kept, "possible_holders": plan.possible, "escaped_parents": plan.escaped_parents}
+            "unreadable": plan.unreadable, "kept": plan.kept, "possible_holders": plan.possible, "escaped_parents": plan.escaped_parents,
+            "scan_complete": not incomplete_scan_reasons(plan), "missing_capabilities": plan.missing_capabilities}
 
 
 def too_many_targets(plan: KillPlan, request: KillRequest) -> str | None:

@@ -105,6 +105,11 @@ def read_file(path: str) -> bytes:
         os.close(fd)
 
 
+def own_status() -> dict[str, str]:
+    """This process's own /proc/self/status (its capabilities, its namespace PIDs), whatever tree a reader reads."""
+    return parse_status(read_file("/proc/self/status").decode("utf-8", errors="replace"))
+
+
 def pid_directories(proc_root: str = "/proc") -> list[int]:
     return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
 

@@ -246,18 +246,18 @@ def check_model(label: str, listing: ModelListing, user: str) -> Check:
 
 
 def check_holders(request: Request, foreign: list, escaped: list, describe, restarting: list | None = None,
-                  possible: list | None = None) -> Check:
+                  incomplete: list | None = None) -> Check:
     """Another user's GPU holders stop the switch before anything is disrupted, unless it may kill them; so does a
     holder the teardown would refuse to kill alone (the main process of a service systemd restarts).
 
     foreign: holders outside the engines' units not run by their users; escaped: the engines' users' holders outside
     their units (killed by the teardown); restarting: holders the teardown would kill in a service with Restart=;
-    describe(holders) names them (pid, user, command, unit).
+    describe(holders) names them (pid, user, command, unit); incomplete: why the scan could not see every process's
+    open files (a capability missing, possible holders named), as the teardown would refuse it.
     """
-    if possible:
-        shown = "; ".join(f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user')}" for holder in possible[:5])
-        return Check("holders", False, f"process(es) may hold GPUs: reading their open files blocked (a file on a hung mount) before "
-                                       f"every descriptor was seen ({shown}). Nothing was touched: the teardown would refuse them too")
+    if incomplete:
+        return Check("holders", False, f"the scan for GPU holders is incomplete: {'; '.join(incomplete)}. Nothing was touched: the "
+                                       "teardown would refuse it too")
     if restarting:
         units = sorted({f"{holder['unit']} (Restart={holder.get('restart')})" for holder in restarting})
         return Check("holders", False, f"GPU holders run as the main process of {', '.join(units)}, which systemd would start again "

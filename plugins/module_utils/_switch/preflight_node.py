@@ -120,7 +120,7 @@ class NodeProbe:
         plan = holders_kill.observe(kill, lambda timeout: NvmlClient(self.load_nvml, timeout), reader, restart_policy=self.restart_policy)
         escaped = [target for target in plan.targets if target["placement"] != "listed_unit" and not target["foreign"]]
         return (plan.foreign, escaped, foreign_memory(plan.inventory, {holder["pid"] for holder in plan.foreign}), plan.restarting,
-                plan.possible)
+                holders_kill.incomplete_scan_reasons(plan))
 
     def interpreter(self, executable: str) -> str | None:
         """The Python an entry-point script runs in: its #! line."""
@@ -181,11 +181,11 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         checks.append(preflight.check_port(request, probe.port_holders(request.port)))
     if "holders" in request.checks:
         try:
-            foreign, escaped, memory_by_gpu, restarting, possible = probe.holders(request)
+            foreign, escaped, memory_by_gpu, restarting, incomplete = probe.holders(request)
         except Error as exc:
             checks.append(preflight.Check("holders", False, f"GPU holders cannot be read: {exc.msg}"))
         else:
-            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders, restarting, possible))
+            checks.append(preflight.check_holders(request, foreign, escaped, holders_kill.describe_holders, restarting, incomplete))
             fit = preflight.check_fit(request, memory_by_gpu)
             if fit is not None:
                 checks.append(fit)

@@ -58,7 +58,7 @@ class TeardownNode(TeardownOps):
                       kill_timeout=self.params.get("holders_kill_timeout") or self.params["kill_timeout"],
                       max_targets=self.params["max_targets"], ambiguous="report", nvml_timeout=10, lock_timeout=60,
                       units=[systemd_units.normalize_unit_name(unit) for unit in units], outside_units=outside_units,
-                      owners=self.params["owners"], kept_units=list(kept))
+                      owners=self.params["owners"], kept_units=list(kept), incomplete_scan=self.params.get("incomplete_scan"))
         request = holders_kill.KillRequest.from_params(params, self.reader)
         return holders_kill.kill_holders(request, lambda timeout: NvmlClient(self.nvml, timeout), self.reader, self.restart_policy,
                                          check_mode, self.host.warn, self.host.log, journal=self.journal)

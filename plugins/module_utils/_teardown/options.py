@@ -19,6 +19,7 @@ TEARDOWN_OPTIONS = dict(
     protected=dict(type="list", elements="str", default=[]),
     max_targets=dict(type="int", default=64),
     outside_units=dict(type="str", choices=["kill", "report", "fail"], default="fail"),
+    incomplete_scan=dict(type="str", choices=["fail", "warn"], default="fail"),
     owners=dict(type="list", elements="str", default=[]),
     max_used_mib=dict(type="int", default=512),
     memory_timeout=dict(type="float", default=60),

@@ -143,9 +143,9 @@ def test_with_report_the_target_must_fit_beside_the_processes_left_running_on_ea
 
 
 def test_a_possible_holder_behind_a_blocked_read_fails_the_preflight_as_the_teardown_would():
-    possible = [{"pid": 5123, "comm": "rsync", "user": "alice", "blocked_reads": ["files"]}]
-    check = check_holders(request(outside_units="report"), [], [], lambda holders: "", None, possible)
-    assert not check.passed and "may hold GPUs: reading their open files blocked" in check.detail and "pid 5123 rsync of user alice" in check.detail
+    incomplete = ["1 process(es) may hold the GPUs (pid 5123 rsync of user alice in no unit: reading its open files blocked)"]
+    check = check_holders(request(outside_units="report"), [], [], lambda holders: "", None, incomplete)
+    assert not check.passed and "the scan for GPU holders is incomplete: 1 process(es) may hold the GPUs (pid 5123 rsync" in check.detail
     assert check_holders(request(outside_units="report"), [], [], lambda holders: "", None, []).passed
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import memory
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import parse_maps_identities, protected_name
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline, poll_until
@@ -379,3 +380,21 @@ def test_a_restarting_service_among_the_units_being_stopped_is_killed():
 def test_bad_units_and_outside_units_are_refused(params, message):
     with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(".", r"\.")):
         _kill_request(**params)
+
+
+@pytest.mark.covers('G8')
+def test_a_pid_namespace_that_cannot_be_read_is_not_taken_for_the_hosts(monkeypatch):
+    """G8 fail closed: where /proc/self/ns/pid cannot be read, NVML's host PIDs are not trusted to name our processes."""
+    assert holders.in_init_pid_namespace() is (os.readlink("/proc/self/ns/pid") == holders.INIT_PID_NAMESPACE)
+
+    def refused(_path):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(holders.os, "readlink", refused)
+    assert holders.in_init_pid_namespace() is False
+
+
+def test_the_capability_a_complete_scan_needs_is_read_from_the_effective_set():
+    assert holders.missing_scan_capabilities({"CapEff": "000001ffffffffff"}) == []
+    assert holders.missing_scan_capabilities({"CapEff": "000001fffff7ffff"}) == ["CAP_SYS_PTRACE"]  # bit 19 cleared
+    assert holders.missing_scan_capabilities({"CapEff": "0000000000080000"}) == []
+    assert holders.missing_scan_capabilities({}) == ["CAP_SYS_PTRACE"]

@@ -151,8 +151,10 @@ class FakeSystemd:
     """One unit: a main process plus others, with KillMode semantics and an optional restart after the stop."""
 
     def __init__(self, members: list[subprocess.Popen], kill_mode: str = "control-group", restart_after_stop: bool = False,
-                 triggers: dict[str, str] | None = None, stuck_triggers: tuple[str, ...] = ()):
+                 triggers: dict[str, str] | None = None, stuck_triggers: tuple[str, ...] = (), restart_sec: float = 0.0):
         self.members = members
+        self.restart_sec = restart_sec  # RestartSec=: the restart comes this long after the first inactive read
+        self.inactive_since: float | None = None
         self.triggers = dict(triggers or {})  # trigger unit -> ActiveState
         self.stuck_triggers = stuck_triggers  # triggers whose stop job never finishes
         self.kill_mode = kill_mode
@@ -178,8 +180,10 @@ class FakeSystemd:
             active = "deactivating"
         else:
             active = "inactive"
-            if self.restart_after_stop:
-                self.invocation, self.restarts, active = "inv-2", self.restarts + 1, "active"
+            if self.inactive_since is None:
+                self.inactive_since = time.monotonic()
+            if self.restart_after_stop and (self.restarts or time.monotonic() - self.inactive_since >= self.restart_sec):
+                self.invocation, self.restarts, active = "inv-2", 1, "active"
         return systemd_units.UnitState({"Id": unit, "LoadState": "loaded", "ActiveState": active, "Job": "",
                                         "ControlGroup": "/system.slice/" + unit, "KillMode": self.kill_mode,
                                         "InvocationID": self.invocation, "NRestarts": str(self.restarts),
@@ -298,6 +302,16 @@ def test_restart_after_stop_is_detected(unit_processes):
     fake = FakeSystemd([unit_processes()], restart_after_stop=True)
     outcome = run_stop(fake, settle=0.1)
     assert outcome.restarted
+    assert "was started again (InvocationID inv-1 -> inv-2, NRestarts 0 -> 1)" in outcome.errors[0]
+
+
+@pytest.mark.covers('S13')
+def test_a_restart_after_restart_sec_comes_within_the_settle_soak_and_fails_the_stop(unit_processes):
+    """S13 with RestartSec>0: the unit reads inactive at first and comes back a second later, after every read of the
+    stop itself. The settle soak reads it again at its end: restarted, never reported stopped."""
+    fake = FakeSystemd([unit_processes()], restart_after_stop=True, restart_sec=1.0)
+    outcome = run_stop(fake, settle=2.0)
+    assert outcome.restarted and outcome.state_after.active_state == "active"
     assert "was started again (InvocationID inv-1 -> inv-2, NRestarts 0 -> 1)" in outcome.errors[0]
 
 
@@ -635,8 +649,9 @@ def test_an_unkillable_process_in_the_unit_fails_the_stop_at_its_deadline(unit_p
     assert elapsed < 0.5 + 1 + 4, f"the stop took {elapsed:.1f}s of a 1.5s budget"
     assert outcome.escalated and [survivor["pid"] for survivor in outcome.survivors] == [wedged.pid]
     (survivor,) = outcome.survivors
-    assert survivor["state"] == "D" and "SIGKILL" in survivor["signals_pending"]
-    assert main.pid in {member["pid"] for member in outcome.killed}
+    assert survivor["state"] == "D" and "SIGKILL" in survivor["signals_pending"] and survivor["wchan"]
+    killed = {member["pid"] for member in outcome.killed}
+    assert main.pid in killed and wedged.pid not in killed, "a frozen process is a survivor, never also killed"
 
 
 @pytest.mark.covers('S40')
