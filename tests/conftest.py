@@ -362,6 +362,35 @@ def run_module(name: str, args: dict, check_mode: bool = False, env: dict | None
     return ModuleResult(proc.returncode, result, proc.stderr)
 
 
+@dataclass
+class SignalPath:
+    """How the code under test reaches a process: through a pidfd where the kernel has them (5.3 and later), or by
+    kill(2) after a start-time check where it has not (RHEL 8's 4.18, a seccomp policy that denies pidfd_open)."""
+
+    name: str
+    env: dict
+
+    @property
+    def use_pidfd(self) -> bool:
+        return self.name == "pidfd"
+
+
+# Python without os.pidfd_open, as the module's own probe (signals.pidfds_supported) then finds it: the module runs the
+# kill(2) path end to end, in its own process, with nothing in the collection told to
+NO_PIDFD_SITE = "import os\n\nif hasattr(os, 'pidfd_open'):\n    del os.pidfd_open\n"
+
+
+@pytest.fixture(params=["pidfd", "kill"])
+def signal_path(request) -> SignalPath:
+    """Each test that takes this runs on both ways of signalling (tests/tools/catalogue_map.py counts them)."""
+    if request.param == "pidfd":
+        return SignalPath("pidfd", {})
+    site = BUILD / "no-pidfd-site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(NO_PIDFD_SITE)
+    return SignalPath("kill", {"PYTHONPATH": f"{site}{os.pathsep}{COLLECTIONS}"})
+
+
 @pytest.fixture
 def nvml_env(sim, sim_library, devices) -> dict:
     """Environment that makes nvidia-ml-py load the simulated library with `sim`'s state; once initialised, the

@@ -22,6 +22,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import hold
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import PROTECTED_DAEMONS
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller
+from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemctl_reader
 
 MODULE = "gpu_holders_kill"
 
@@ -39,6 +40,11 @@ def journal_of(devices) -> str:
 
 def pids_of(entries: list[dict]) -> set[int]:
     return {entry["pid"] for entry in entries}
+
+
+def sent_via(result) -> set[str]:
+    """How the signals of a run were sent (pidfd, kill), by their journal entries."""
+    return {entry["via"] for entry in result["signals"]}
 
 
 def wait_for_zombie_leader(pid: int) -> None:
@@ -105,10 +111,11 @@ def test_mmap_only_holder_is_found(devices, processes, nvml_env):
 
 
 @pytest.mark.covers('G15')
-def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_env):
-    """G15."""
+def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_env, signal_path):
+    """G15, on both signal paths."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--ignore-term")
-    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env={**nvml_env, **signal_path.env})
+    assert sent_via(result) == {signal_path.name}
     assert result["changed"] is True
     assert pids_of(result["killed"]) == {pid} and result["terminated"] == []
     assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT", "SIGKILL"]
@@ -116,20 +123,23 @@ def test_sigterm_ignorer_is_killed_after_term_timeout(devices, processes, nvml_e
 
 
 @pytest.mark.covers('G16')
-def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nvml_env):
-    """G16: a SIGSTOPped process acts on SIGTERM only once continued."""
+def test_stopped_holder_gets_sigcont_and_exits_on_sigterm(devices, processes, nvml_env, signal_path):
+    """G16: a SIGSTOPped process acts on SIGTERM only once continued; on both signal paths."""
     proc, (pid,) = processes.holder("--open", devices.gpu(0))
     stop(proc)
-    result = run_module(MODULE, kill_args(devices), env=nvml_env)
+    result = run_module(MODULE, kill_args(devices), env={**nvml_env, **signal_path.env})
+    assert sent_via(result) == {signal_path.name}
     assert pids_of(result["terminated"]) == {pid}
     assert result["killed"] == []
 
 
 @pytest.mark.covers('G13')
-def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env):
-    """G13: the target exits on its own during the grace period; no SIGKILL."""
+def test_draining_holder_exits_within_term_timeout(devices, processes, nvml_env, signal_path):
+    """G13: the target exits on its own during the grace period - the wait sees it go - and gets no SIGKILL; on both
+    signal paths."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--drain", "0.5")
-    result = run_module(MODULE, kill_args(devices, term_timeout=10), env=nvml_env)
+    result = run_module(MODULE, kill_args(devices, term_timeout=10), env={**nvml_env, **signal_path.env})
+    assert sent_via(result) == {signal_path.name}
     assert pids_of(result["terminated"]) == {pid}
     assert "SIGKILL" not in [s["signal"] for s in result["signals"]]
 
@@ -148,8 +158,7 @@ def test_zombie_leader_with_live_thread_is_not_gone_until_sigkill(devices, proce
 
 
 @pytest.mark.covers('G17')
-@pytest.mark.parametrize("use_pidfd", [True, False])
-def test_zombie_leader_with_live_thread_is_killed_whether_waited_on_by_pidfd_or_thread_list(devices, processes, nvml_env, use_pidfd):
+def test_zombie_leader_with_live_thread_is_killed_whether_waited_on_by_pidfd_or_thread_list(devices, processes, nvml_env, signal_path):
     """G17 on both ways of waiting: with pidfds the kernel says when the whole thread group is gone; without them (old
     kernels, seccomp) the thread list does. Either way a zombie leader whose thread ignores SIGTERM is not gone after
     the TERM grace: it is SIGKILLed and reported killed, not terminated."""
@@ -160,8 +169,9 @@ def test_zombie_leader_with_live_thread_is_killed_whether_waited_on_by_pidfd_or_
                                                         protected=[], protected_pids=[], ambiguous="report", max_targets=8,
                                                         nvml_timeout=5, lock_timeout=5), reader)
     plan = holders_kill.observe(request, None, reader, self_pid=processes.decoy("module").pid)
-    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=use_pidfd))
+    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=signal_path.use_pidfd))
     assert pids_of(result["killed"]) == {pid} and result["terminated"] == [], result
+    assert sent_via(result) == {signal_path.name}
     assert [s["signal"] for s in result["signals"]] == ["SIGTERM", "SIGCONT", "SIGKILL"]
     wait_for(lambda: not reader.thread_group_alive(pid, plan.targets[0]["start_time"]), "the zombie leader's thread to die")
 
@@ -178,14 +188,20 @@ def test_decoys_naming_engines_are_untouched(devices, processes, nvml_env):
 
 
 def witnessed(path) -> list[str]:
+    """The signals a --witness holder took, in the order the kernel queued them."""
+    return [name for name, _sender in witnessed_from(path)]
+
+
+def witnessed_from(path) -> list[tuple[str, int]]:
+    """(signal, sender pid) of each signal a --witness holder took."""
     try:
-        return path.read_text().split()
+        return [(name, int(sender)) for name, sender in (line.split() for line in path.read_text().splitlines())]
     except FileNotFoundError:
         return []
 
 
 @pytest.mark.covers('E9', 'G7')
-def test_the_signals_processes_received_are_the_journal_and_the_plan(devices, processes, nvml_env, tmp_path):
+def test_the_signals_processes_received_are_the_journal_and_the_plan(devices, processes, nvml_env, tmp_path, signal_path):
     """E9 with an independent witness: every process here writes down each catchable signal it receives (SIGKILL and
     SIGSTOP cannot be caught: their witnesses are death and the stopped state, checked too). Check mode: nothing received
     by anyone. The real run: the holders received exactly the catchable part of what the journal says was sent to them,
@@ -202,8 +218,9 @@ def test_the_signals_processes_received_are_the_journal_and_the_plan(devices, pr
     assert pids_of(plan["targets"]) == {quick, stubborn}
     assert all(witnessed(path) == [] for path in record.values()), "check mode: no process received anything"
 
-    result = run_module(MODULE, kill_args(devices, term_timeout=1, kill_timeout=5), env=nvml_env)
+    result = run_module(MODULE, kill_args(devices, term_timeout=1, kill_timeout=5), env={**nvml_env, **signal_path.env})
     assert not result.failed, result["msg"]
+    assert sent_via(result) == {signal_path.name}
     journal = journal_lines(devices)
     sent = {}
     for line in journal:
@@ -212,6 +229,9 @@ def test_the_signals_processes_received_are_the_journal_and_the_plan(devices, pr
     assert set(sent) == pids_of(plan["targets"]), "only the plan's targets were signalled, by the journal"
     catchable = {pid: [name for name in names if name not in ("SIGKILL", "SIGSTOP")] for pid, names in sent.items()}
     assert witnessed(record["stubborn"]) == catchable[stubborn] == ["SIGTERM", "SIGCONT"]
+    # one sender, the module's own process: never this test's, never another process group's signal
+    senders = {sender for _name, sender in witnessed_from(record["stubborn"]) + witnessed_from(record["quick"])}
+    assert len(senders) == 1 and os.getpid() not in senders and 0 not in senders, senders
     assert sent[stubborn][-1] == "SIGKILL" and not alive(stubborn)
     # the quick holder exits on its SIGTERM: the SIGCONT sent right after may find it gone before it is delivered
     assert witnessed(record["quick"]) in (catchable[quick], catchable[quick][:1]) and witnessed(record["quick"])[:1] == ["SIGTERM"]
@@ -238,12 +258,17 @@ def test_protected_names_and_pids_are_never_signalled(devices, processes, nvml_e
 
 @pytest.mark.covers('G4')
 def test_ancestor_holding_a_device_is_protected(devices, nvml_env):
-    """G4: here the test process itself (the module's parent) holds a device file."""
-    with open(devices.gpu(0), "rb"):
-        result = run_module(MODULE, kill_args(devices), env=nvml_env)
-    mine = [entry for entry in result["protected"] if entry["pid"] == os.getpid()]
-    assert mine and mine[0]["reason"].startswith("ancestor of this module")
-    assert result["changed"] is False and result["signals"] == []
+    """G4: the module's direct parent (a sacrificial shell, as Ansible's command wrapper is) and its grandparent (this
+    test) hold device files: both are ancestors, protected and never signalled - a regression fails here by
+    assertion, not by signalling the test runner."""
+    parent = ("bash", "-c", 'exec 9<"$0"; echo "parent $$" >&2; "$@"; exit 0', devices.gpu(0))
+    with open(devices.gpu(1), "rb"):
+        result = run_module(MODULE, kill_args(devices), env=nvml_env, prefix=parent)
+    (shell,) = [int(line.split()[1]) for line in result.stderr.splitlines() if line.startswith("parent ")]
+    reasons = {entry["pid"]: entry["reason"] for entry in result["protected"]}
+    assert reasons.get(shell, "").startswith("ancestor of this module"), result.result
+    assert reasons.get(os.getpid(), "").startswith("ancestor of this module"), result.result
+    assert result["changed"] is False and result["signals"] == [] and result["targets"] == []
 
 
 @pytest.mark.covers('G27')
@@ -380,6 +405,21 @@ def test_huge_and_duplicate_protected_pids_protect_nothing_else_and_are_harmless
     result = run_module(MODULE, kill_args(devices, protected_pids=[holder, holder, 2**31 - 1]), env=nvml_env)
     assert not result.failed and pids_of(result["terminated"] + result["killed"]) == {target}
     assert [p["pid"] for p in result["protected"]] == [holder] and alive(holder)
+
+
+@pytest.mark.covers('G14')
+def test_a_thread_id_nvml_lists_is_never_taken_for_a_process(devices, processes, sim, nvml_env, signal_path):
+    """G14: NVML names a thread of a two-threaded holder that protected_pids protects. /proc/<tid> can be read, but its
+    Tgid is not its id: it is a stale NVML PID ("a thread id"), never a target - kill(tid) would end the protected
+    process, on the path without pidfds (kernels before 5.3) as on the one with them."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(0), "--thread")
+    tid = next(int(task) for task in os.listdir(f"/proc/{pid}/task") if int(task) != pid)
+    sim.allocate(1, 4096, holders=[pid], reported_pid=tid)
+    result = run_module(MODULE, kill_args(devices, protected_pids=[pid]), env={**nvml_env, **signal_path.env})
+    assert not result.failed, result["msg"]
+    assert {entry["pid"]: entry["reason"] for entry in result["stale_nvml_pids"]} == {tid: "a thread id, not a process"}
+    assert pids_of(result["protected"]) == {pid} and result["targets"] == [] and result["signals"] == []
+    assert alive(pid) and len(os.listdir(f"/proc/{pid}/task")) == 2
 
 
 @pytest.mark.covers('G14', 'G34')
@@ -582,6 +622,38 @@ def test_each_holder_is_placed_by_the_unit_it_runs_in(devices, processes, nvml_e
     assert not any(alive(pid) for pid in placement)
 
 
+def run_command(argv, environ_update=None):
+    """AnsibleModule.run_command's contract, for a Systemctl driven outside a module."""
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(environ_update or {})}, check=False)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.covers('G25')
+def test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says(devices, processes, nvml_env,
+                                                                                                    unit_groups, tmp_path):
+    """G25 through the collection's own systemctl reader (systemd itself: molecule/teardown_faults): a holder in
+    sidecar.service, whose `systemctl show` says Restart=always and names it MainPID, is never killed alone - the plan
+    is refused naming the unit, while the same holder in a service that does not restart is a target."""
+    _helper, (pid,) = processes.holder("--open", devices.gpu(2))
+    unit_groups.put(pid, "sidecar.service")
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text("#!/bin/sh\n"
+                         f'case "$*" in *sidecar.service*) printf "Id=sidecar.service\\nRestart=%s\\nMainPID={pid}\\n" "$(cat {tmp_path}/restart)";; esac\n')
+    systemctl.chmod(0o755)
+    reader = ProcReader()
+    request = holders_kill.KillRequest.from_params(dict(kill_args(devices), gpus=None, sources=["proc"], protected=[], protected_pids=[],
+                                                        ambiguous="report", max_targets=8, nvml_timeout=5, lock_timeout=5), reader)
+    policy = systemctl_reader.restart_policy_reader(systemctl_reader.Systemctl(run_command, str(systemctl)))
+    (tmp_path / "restart").write_text("always")
+    plan = holders_kill.observe(request, None, reader, self_pid=processes.decoy("module").pid, restart_policy=policy)
+    assert pids_of(plan.restarting) == {pid} and plan.restarting[0]["restart"] == "always"
+    assert "sidecar.service (Restart=always), which systemd would start again: nothing was signalled" in holders_kill.refusal(plan, request)
+    (tmp_path / "restart").write_text("no")
+    plan = holders_kill.observe(request, None, reader, self_pid=processes.decoy("module").pid, restart_policy=policy)
+    assert plan.restarting == [] and pids_of(plan.targets) == {pid} and holders_kill.refusal(plan, request) is None
+    assert alive(pid)
+
+
 @pytest.mark.covers('G6', 'G26', 'E6')
 def test_outside_units_report_kills_the_units_holders_and_leaves_the_others_listed(devices, processes, nvml_env, unit_groups):
     """G6, G26, E6: a job in an SSH session, a container and another service keep running; the engine's holder dies."""
@@ -746,16 +818,19 @@ def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(d
 
 
 @pytest.mark.covers('G19', 'G20')
-def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(devices, processes, frozen, nvml_env):
+def test_unkillable_holder_fails_the_task_within_its_deadline_and_is_reported(devices, processes, frozen, nvml_env, signal_path):
     """G19/G20 (F4): a frozen holder stays in D state with SIGKILL pending. The module fails after kill_timeout
     instead of hanging, names the survivor with its state and pending signals, never reads its cmdline, and a
-    second run reports the same survivor without counting a kill."""
+    second run reports the same survivor without counting a kill; on both signal paths (a pidfd's wait and the
+    thread list's poll)."""
     _helper, (pid,) = processes.holder("--open", devices.gpu(1))
     frozen.freeze(pid)
     args = kill_args(devices, term_timeout=0.5, kill_timeout=1)
+    nvml_env = {**nvml_env, **signal_path.env}
 
     started = time.monotonic()
     first = run_module(MODULE, args, env=nvml_env, timeout=30)
+    assert sent_via(first) == {signal_path.name}
     # the deadline held: the module's own time within its budget (TERM 0.5 s + KILL 1 s, and the scan and NVML reads),
     # and the whole run (with the interpreter's start) well inside the harness's 30 s
     assert first["elapsed"] < 0.5 + 1 + 4, f"the module took {first['elapsed']:.1f}s of a 1.5s budget"
@@ -868,9 +943,9 @@ def test_a_holder_behind_a_blocked_read_is_never_taken_for_no_holder(devices, pr
 
 
 @pytest.mark.covers('S20')
-def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path):
+def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, processes, nvml_env, tmp_path, signal_path):
     """S20 (F5): a vfork parent waits in killable D state with every signal but SIGKILL blocked; its child holds the
-    inherited file. SIGTERM does nothing, SIGKILL ends both, and nothing is reported as a survivor."""
+    inherited file. SIGTERM does nothing, SIGKILL ends both, and nothing is reported as a survivor; on both signal paths."""
     fifo = tmp_path / "never-written"
     os.mkfifo(fifo)
     _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--vfork-blocked", str(fifo))
@@ -880,8 +955,9 @@ def test_killable_d_state_holder_is_killed_and_not_reported_unkillable(devices, 
         time.sleep(0.02)
     (child,) = [c.pid for c in psutil.Process(pid).children()]
 
-    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env=nvml_env)
+    result = run_module(MODULE, kill_args(devices, term_timeout=0.5), env={**nvml_env, **signal_path.env})
     assert not result.failed, result["msg"]
+    assert sent_via(result) == {signal_path.name}
     assert pids_of(result["holders"]) == {pid, child}
     assert pids_of(result["killed"]) == {pid, child} and result["survivors"] == []
     assert [s["signal"] for s in result["signals"] if s["pid"] == pid] == ["SIGTERM", "SIGCONT", "SIGKILL"]
@@ -996,8 +1072,7 @@ def spawn_with_pid(pid: int, processes) -> subprocess.Popen | None:
 
 
 @pytest.mark.covers("G12")
-@pytest.mark.parametrize("use_pidfd", [True, False])
-def test_a_pid_reused_between_the_scan_and_the_signal_is_never_signalled(devices, processes, nvml_env, use_pidfd):
+def test_a_pid_reused_between_the_scan_and_the_signal_is_never_signalled(devices, processes, nvml_env, signal_path):
     """G12: the holder scanned exits, an unrelated process takes its PID before the first signal; the plan's identity
     (PID and start time) no longer matches, so the newcomer is left alone and the holder is reported exited."""
     helper, (pid,) = processes.holder("--open", devices.gpu(0))
@@ -1013,7 +1088,7 @@ def test_a_pid_reused_between_the_scan_and_the_signal_is_never_signalled(devices
     newcomer = spawn_with_pid(pid, processes)
     if newcomer is None:
         pytest.skip("cannot steer the next PID here (ns_last_pid needs root in the initial PID namespace)")
-    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=use_pidfd))
+    result = holders_kill.apply(plan, request, Signaller(reader, use_pidfd=signal_path.use_pidfd))
     assert result["not_signalled"] == [{"pid": pid, "start_time": plan.targets[0]["start_time"], "reason": "pid reused by another process"}]
     assert result["signals"] == [] and newcomer.poll() is None
 

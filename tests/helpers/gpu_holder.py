@@ -44,6 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hung-first", action="store_true", help="open the --open-hung file before the devices (a lower descriptor)")
     parser.add_argument("--wedged-mm", metavar="FILE",
                         help="wedge the memory map lock on a page of FILE (on a mount that never answers reads); see wedge_memory_map")
+    parser.add_argument("--thread", action="store_true", help="start a second thread before 'ready' (its id in /proc/<pid>/task)")
     parser.add_argument("--user", help="once the files are held, run as this user (another user's job, an engine's worker)")
     parser.add_argument("extra", nargs="*", help="ignored words (decoys put engine names here)")
     return parser.parse_args(argv)
@@ -106,17 +107,22 @@ WITNESSED = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE", "SI
 
 
 def witness(path: str, ignore_term: bool) -> None:
-    """Write down each catchable signal as it arrives; then act as the default would for SIGTERM and SIGINT (exit),
-    unless told to ignore SIGTERM. Nothing else ends or stops the process: a stray signal is recorded, not obeyed."""
+    """Write down each catchable signal as it arrives, with its sender ("SIGTERM 4242", one a line); then act as the
+    default would for SIGTERM and SIGINT (exit), unless told to ignore SIGTERM. Nothing else ends or stops the process:
+    a stray signal is recorded, not obeyed. The signals are blocked in every thread and taken by sigwaitinfo(2) in a
+    thread of its own: in the order the kernel queued them, with the sender's pid (a Python handler sees neither)."""
     record = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    watched = {getattr(signal, name) for name in WITNESSED}
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)  # before any other thread starts: they inherit the mask
 
-    def received(signum, _frame):
-        os.write(record, f"{signal.Signals(signum).name}\n".encode())
-        if signum == signal.SIGINT or (signum == signal.SIGTERM and not ignore_term):
-            os._exit(0)
+    def watch() -> None:
+        while True:
+            info = signal.sigwaitinfo(watched)
+            os.write(record, f"{signal.Signals(info.si_signo).name} {info.si_pid}\n".encode())
+            if info.si_signo == signal.SIGINT or (info.si_signo == signal.SIGTERM and not ignore_term):
+                os._exit(0)
 
-    for name in WITNESSED:
-        signal.signal(getattr(signal, name), received)
+    threading.Thread(target=watch, name="signal-witness", daemon=True).start()
 
 
 def on_term(drain: float):
@@ -162,6 +168,8 @@ def main(argv: list[str]) -> None:
         os.setgroups([])
         os.setgid(account.pw_gid)
         os.setuid(account.pw_uid)
+    if args.thread:
+        threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
     print("ready", *holders, flush=True)
     if locker is not None:
         locker.set()  # after the last line we print: from here on this process may wait on its memory map itself

@@ -79,15 +79,31 @@ def marked_cases(function: ast.FunctionDef) -> list[str]:
     return cases
 
 
+# a test taking this fixture (tests/conftest.py) runs on both ways of signalling: through a pidfd, and by kill(2) where
+# the kernel has no pidfds
+BOTH_SIGNAL_PATHS = "signal_path"
+
+
+def runs_both_signal_paths(function: ast.FunctionDef) -> bool:
+    return any(argument.arg == BOTH_SIGNAL_PATHS for argument in function.args.args)
+
+
 def pytest_references(root: Path) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for path in sorted(root.rglob("test_*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                both = " (pidfd and kill)" if runs_both_signal_paths(node) else ""
                 for case in marked_cases(node):
-                    found.setdefault(case, []).append(f"`{shown(path)}::{node.name}`")
+                    found.setdefault(case, []).append(f"`{shown(path)}::{node.name}`{both}")
     return found
+
+
+def signal_path_tests(root: Path) -> int:
+    """How many tests run on both signal paths."""
+    return sum(1 for path in sorted(root.rglob("test_*.py")) for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and runs_both_signal_paths(node))
 
 
 def molecule_tasks(root: Path) -> dict[str, list[tuple[str, str]]]:
@@ -123,7 +139,7 @@ def molecule_references(root: Path) -> dict[str, list[str]]:
 
 def pytest_tests(root: Path) -> dict[str, list[str]]:
     """case -> the pytest functions (file::name) that declare it."""
-    return {case: [place.strip("`") for place in places] for case, places in pytest_references(root).items()}
+    return {case: [place.split("`")[1] for place in places] for case, places in pytest_references(root).items()}
 
 
 def read_outcomes(directory: Path) -> tuple[dict[str, list[tuple[str, str]]], list[dict]]:
@@ -213,7 +229,8 @@ def build_map() -> tuple[str, int]:
         counts[status] += 1
         lines.append(f"| {case} | {status} | {note} |")
     summary = (f"{counts['covered']} of {len(CASES)} cases covered, {counts['partial']} partial (each says what its tests lack), "
-               f"{counts['not covered']} not covered (each says why).")
+               f"{counts['not covered']} not covered (each says why). {signal_path_tests(REPO / 'tests')} tests run on both "
+               "signal paths, through a pidfd and by kill(2) as on kernels without pidfds: marked (pidfd and kill).")
     return summary + "\n\n" + "\n".join(lines), counts["covered"]
 
 

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import InvalidInput
-from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import memory
-from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpus import holders, memory
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.holders import parse_maps_identities, protected_name
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpus.nvml import select_gpus, validate_gpu_selectors
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock, Deadline, poll_until

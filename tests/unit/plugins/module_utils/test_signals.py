@@ -37,23 +37,21 @@ def identity(proc: subprocess.Popen) -> ProcessIdentity:
 
 
 @pytest.mark.covers('G10')
-@pytest.mark.parametrize("use_pidfd", [True, False])
-def test_reused_pid_is_never_signalled(procs, use_pidfd):
+def test_reused_pid_is_never_signalled(procs, signal_path):
     """G10/G12 via psutil's technique: the recorded start time no longer matches the process at that PID."""
     proc = procs()
     tampered = ProcessIdentity(proc.pid, identity(proc).start_time + 100)
-    outcome = terminate_then_kill(Signaller(use_pidfd=use_pidfd), [tampered], 1, 1)
+    outcome = terminate_then_kill(Signaller(use_pidfd=signal_path.use_pidfd), [tampered], 1, 1)
     assert outcome.not_signalled == [{"pid": proc.pid, "start_time": tampered.start_time, "reason": "pid reused by another process"}]
     assert outcome.signals == [] and alive(proc.pid)
 
 
 @pytest.mark.covers('G30')
-@pytest.mark.parametrize("use_pidfd", [True, False])
-def test_term_then_kill_gives_the_same_results_with_and_without_pidfds(procs, use_pidfd):
+def test_term_then_kill_gives_the_same_results_with_and_without_pidfds(procs, signal_path):
     """G30: the fallback path (start-time re-check before kill) behaves the same on these cases."""
     polite, stubborn = procs(), procs(ignore_term=True)
     polite_id, stubborn_id = identity(polite), identity(stubborn)
-    outcome = terminate_then_kill(Signaller(use_pidfd=use_pidfd), [polite_id, stubborn_id], 0.5, 5)
+    outcome = terminate_then_kill(Signaller(use_pidfd=signal_path.use_pidfd), [polite_id, stubborn_id], 0.5, 5)
     assert outcome.terminated == [polite_id]
     assert outcome.killed == [stubborn_id]
     assert outcome.survivors == []
@@ -93,9 +91,13 @@ def test_pidfd_stays_bound_to_the_classified_process_when_it_exits_after_open(pr
     assert outcome.not_signalled[0]["reason"] == "exited before signal"
 
 
-def test_pid_one_is_refused_even_if_planned():
-    with pytest.raises(ValueError, match="refusing to signal PID 1"):
-        Signaller().open(ProcessIdentity(1, 1))
+@pytest.mark.covers('G11')
+@pytest.mark.parametrize("pid", [1, 0, -1])
+def test_pid_one_and_below_are_refused_even_if_planned(pid, signal_path):
+    """G11's last line: a plan that names PID 1 (init), 0 (our own process group) or -1 (every process we may signal)
+    is refused by the one place that sends signals, before a pidfd or kill(2) is tried, on both signal paths."""
+    with pytest.raises(ValueError, match=f"refusing to signal PID {pid}"):
+        Signaller(use_pidfd=signal_path.use_pidfd).open(ProcessIdentity(pid, 1))
 
 
 @pytest.mark.covers('G16')
@@ -110,8 +112,7 @@ def test_sigcont_follows_sigterm_for_stopped_processes(procs):
 
 @pytest.mark.covers('G32')
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a signaller that drops to an unprivileged user")
-@pytest.mark.parametrize("use_pidfd", [True, False])
-def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs, use_pidfd):
+def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs, signal_path):
     """G32: a real EPERM (an unprivileged signaller, a root process): each signal is tried once and reported as
     denied, SIGCONT is not sent to what SIGTERM did not reach, and the target is a survivor, not a kill."""
     target = procs()
@@ -121,7 +122,7 @@ def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs
         "from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessIdentity\n"
         "from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, terminate_then_kill\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter may live under /root\n"
-        f"outcome = terminate_then_kill(Signaller(use_pidfd={use_pidfd}), [ProcessIdentity({target.pid}, {start_time})], 0.2, 0.2)\n"
+        f"outcome = terminate_then_kill(Signaller(use_pidfd={signal_path.use_pidfd}), [ProcessIdentity({target.pid}, {start_time})], 0.2, 0.2)\n"
         "print(json.dumps({'signals': outcome.signals, 'survivors': [s.pid for s in outcome.survivors],\n"
         "                  'killed': len(outcome.killed), 'terminated': len(outcome.terminated)}))\n"
     )
@@ -152,7 +153,7 @@ class JournalWitness(Signaller):
         return super()._send(handle, signum)
 
 
-@pytest.mark.covers("G33")
+@pytest.mark.covers("G33", "E9")
 def test_each_signals_intent_is_on_disk_before_the_signal_is_sent(procs, tmp_path):
     """Rule 12: at the instant of every kill (the moment a crash would cut the run short) the journal file already
     holds that signal's intent line - whom, which signal, this run - and its outcome line follows."""
