@@ -170,7 +170,10 @@ def _common(read: _Reader) -> dict:
 def tokenizer_path(read: _Reader) -> str:
     """What --tokenizer is given: where a hub tokenizer was staged, else the tokenizer as given (a hub name or a path)."""
     tokenizer = read.text("tokenizer")
-    if tokenizer and (any(character.isspace() for character in tokenizer) or ":" in tokenizer):
+    if tokenizer.startswith("/"):
+        if not tokenizer.isprintable():
+            read.fail("tokenizer", f"{tokenizer!r} holds a line break or control character: not a path a unit can name")
+    elif tokenizer and (any(character.isspace() for character in tokenizer) or ":" in tokenizer):
         read.fail("tokenizer", f"{tokenizer!r} is not an absolute path or a hub repository (org/name)")
     return staged_model_dir(read, "tokenizer_dir") or tokenizer
 
@@ -185,7 +188,12 @@ MODEL_FORMS = "an absolute path, a hub repository (org/name) or one quant of one
 def model_name(read: _Reader) -> str:
     """The model as given: a path, a hub name, or org/name:QUANT (vLLM's own form for one GGUF quant of a repository)."""
     model = read.text("model", required=True)
-    if any(character.isspace() for character in model) or (":" in model and not model.startswith("/") and hub_quant(model)[1] is None):
+    if model.startswith("/"):
+        # a path is a path: spaces and parentheses are quoted in the unit; a line break or a control character is not a name
+        if not model.isprintable():
+            read.fail("model", f"{model!r} holds a line break or control character: not a path a unit can name")
+        return model
+    if any(character.isspace() for character in model) or (":" in model and hub_quant(model)[1] is None):
         read.fail("model", f"{model!r} is not {MODEL_FORMS}")
     return model
 

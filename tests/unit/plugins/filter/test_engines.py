@@ -96,6 +96,8 @@ def test_vllm_speculative_takes_the_same_shape():
 # Each refusal, for each engine, naming the role variable at fault.
 REFUSALS = [
     ({"model": ""}, "{e}_model: is required"),
+    ({"model": "/models/a\nb"}, "{e}_model: '/models/a\\nb' holds a line break or control character"),
+    ({"model": "meta-llama/Llama 3"}, "{e}_model: 'meta-llama/Llama 3' is not an absolute path, a hub repository"),
     ({"tensor_parallel_size": 0}, "{e}_tensor_parallel_size: must be at least 1, got 0"),
     ({"tensor_parallel_size": "eight"}, "{e}_tensor_parallel_size: 'eight' is not a whole number"),
     ({"tensor_parallel_size": 2.5}, "{e}_tensor_parallel_size: 2.5 is not a whole number"),
@@ -133,6 +135,7 @@ REFUSALS = [
     ({"read_write_paths": ["cache"]}, "{e}_read_write_paths: give absolute paths without spaces"),
 ]
 ENGINE_REFUSALS = [
+    ("vllm", {"tokenizer": "/models/tok\r"}, "vllm_tokenizer: '/models/tok\\r' holds a line break or control character"),
     ("vllm", {"speculative": {"draft_model": "d", "eagle_topk": 2}}, "vllm_speculative.eagle_topk: vLLM's EAGLE-3 drafts a chain"),
     ("vllm", {"expert_parallel": 4}, "vllm_expert_parallel: vLLM takes true or false"),
     ("vllm", {"executable": "vllm"}, "vllm_executable: give an absolute path"),
@@ -425,6 +428,20 @@ def test_one_quant_of_a_hub_repository_is_served_from_the_file_it_was_merged_int
     for bad in ("unsloth/GLM-5-GGUF:UD Q4", "org:name:Q4", "unsloth/GLM-5-GGUF:"):
         with pytest.raises(engines.EngineArgsError, match=r"vllm_model: .* is not an absolute path, a hub repository \(org/name\) or one quant"):
             engines.engine_facts(config("vllm", model=bad), "vllm")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_model_path_with_spaces_and_parentheses_is_a_path_given_whole(engine):
+    """An absolute path is a path: "/models/My Models/Llama 3.3 70B (fp8)" (and a tokenizer beside it) is one word of
+    the command line, parsed by the engine's real options, and one quoted word of the unit's ExecStart=."""
+    model, tokenizer = "/models/My Models/Llama 3.3 70B (fp8)", "/models/My Tokenizers/Llama 3.3 (base)"
+    facts = engines.engine_facts(config(engine, model=model, tokenizer=tokenizer), engine)
+    assert facts["model_path"] == model
+    parsed = parse_rendered(engine, facts)
+    assert vars(parsed)["model_tag" if engine == "vllm" else "model_path"] == model
+    assert f'"{model}"' in facts["exec_start"]
+    if engine == "vllm":
+        assert parsed.tokenizer == tokenizer and f'"{tokenizer}"' in facts["exec_start"]
 
 
 def test_a_gguf_is_served_with_its_base_models_tokenizer_and_config_staged_apart():
