@@ -172,7 +172,7 @@ def observe_requests(engines: dict, names: list, target: str) -> list:
 
 def observed(result: dict, names: list, target: str | None = None) -> dict:
     """What the switch keeps of engine_observe's answer, by engine name in the order of ``names``: found (running),
-    enabled, installed, serving; commands (the argv of each running engine) and versions (by executable); with the
+    enabled, installed, serving; commands (the argv of each running or parked engine) and versions (by executable); with the
     ``target``, the previous engine (the planner's previous_engine)."""
     engines = result.get("engines") or {}
     missing = [name for name in names if name not in engines]
@@ -188,7 +188,8 @@ def observed(result: dict, names: list, target: str | None = None) -> dict:
         return [name for name in names if engines[name].get(key) and (name != parked_engine or key in ("installed", "enabled"))]
     return {"found": having("running"), "previous": switch_plan.previous_engine(having("running"), target) if target else None,
             "parked": parked or None, "enabled": having("enabled"), "installed": having("installed"), "serving": having("serving"),
-            "commands": {name: list(engines[name].get("argv") or []) for name in having("running")},
+            # a parked engine's too: woken, it is the target whose command its answer check is keyed by
+            "commands": {name: list(engines[name].get("argv") or []) for name in having("running") + ([parked_engine] if parked_engine else [])},
             "versions": {name: dict(engines[name].get("versions") or {}) for name in names},
             "paths": dict(result.get("paths") or {})}
 

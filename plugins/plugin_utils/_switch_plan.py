@@ -24,7 +24,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._models import staging
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import longest_run
 from ansible_collections.gpufleet.serving.plugins.module_utils._validate import non_negative
-from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin
+from ansible_collections.gpufleet.serving.plugins.module_utils._versions import matches_pin, reported_version
 
 CONTROLLER, CUTOVER, SKIP = phases.CONTROLLER, phases.IN_CUTOVER, phases.SKIPPED
 # seconds the target's preflight may take inside the cutover: its version command (engine_preflight's 120 s) and two NVML reads
@@ -322,8 +322,10 @@ def answer_plan(settings: Settings, node: Found, would_change: dict) -> dict:
     if would_change.get("unit") or would_change.get("install") or not node.target_argv:
         return {"kind": "sanity", "probes": probes, "recorded_at": None,
                 "reason": "its command line or version changes: no record is this configuration's yet"}
-    ident = answers.identity(settings.target, target.get("served_model_name") or "", node.target_installed, node.target_argv)
-    record = next((record for record in node.answer_records if record.get("key") == ident["key"]), None)
+    # the identity the cutover's check takes: the version it reports, the command the unit runs (a parked target's too)
+    version = reported_version(node.target_installed, target.get("version"))
+    ident = answers.identity(settings.target, target.get("served_model_name") or "", version, node.target_argv)
+    record = answers.record_for(ident, node.answer_records)
     if record is None:
         return {"kind": "sanity", "probes": probes, "reason": "no record of this engine, model, version and command on the node",
                 "recorded_at": None}

@@ -193,10 +193,17 @@ def new_record(ident: dict, answers: list[Answer], created: float) -> dict:
     return dict(ident, created=round(created), probes=[answer.to_dict() for answer in answers])
 
 
+def record_for(ident: dict, records: list) -> dict | None:
+    """The golden record an engine's answers are compared with: the one of its identity (engine, model, version,
+    command), else none - a sanity check. The one rule for the plan (--check says which check) and the run."""
+    return next((record for record in records if record and record.get("key") == ident["key"]), None)
+
+
 def judge(ident: dict, record: dict | None, answers: list[Answer], expectations: list[Expectation], expected: list[Answer],
           tolerance: float, degenerate_check: bool = True) -> dict:
     """The check's verdict: a golden comparison where the record is this engine's, else a sanity check."""
-    if record and record.get("key") == ident["key"]:
+    record = record_for(ident, [record])
+    if record:
         mismatch = compare(record.get("probes") or [], answers, tolerance)
         return {"kind": "golden", "passed": mismatch is None, "mismatch": mismatch, "drift": drift(record.get("probes") or [], answers),
                 "recorded_at": record.get("created")}

@@ -265,6 +265,33 @@ def test_the_plan_says_which_answer_check_the_target_gets():
     assert switch_plan.plan(settings(answer_check=False), node)["answer_check"]["kind"] is None
 
 
+def test_check_mode_says_the_answer_check_the_run_makes_when_it_wakes_a_parked_target():
+    """Found on a 2-node lab: SGLang parked with its answers recorded, `--check` said "a sanity check: its command line
+    or version changes" and the run woke it and compared with its record. The plan takes the identity the cutover's
+    check takes - the parked unit's command (engine_observe's read, through the switch's observed()), the version the
+    run reports - and one rule (answers.record_for) picks the record for both: golden, this record, in each."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
+    from ansible_collections.gpufleet.serving.plugins.plugin_utils import _switch
+
+    argv = ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--enable-memory-saver"]
+    observe = {"engines": {"vllm": {"running": True, "serving": True, "installed": True, "argv": ["/opt/vllm/bin/vllm", "serve", "/models/m"]},
+                           "sglang": {"running": True, "installed": True, "argv": argv}},
+               "parked": {"engine": "sglang", "unit": "sglang.service", "alive": True}}
+    seen = _switch.observed(observe, ["vllm", "sglang"], "sglang")
+    assert seen["found"] == ["vllm"] and seen["commands"]["sglang"] == argv, "a parked engine is not running, but its command is read"
+    sglang = dict(SGLANG, served_model_name="llama70b", version="0.5.23")
+    record = dict(answers.identity("sglang", "llama70b", "0.5.23", argv), created=1_700_000_000)
+    node = found(engines={"vllm": VLLM, "sglang": sglang}, target_installed="0.5.23", target_argv=seen["commands"]["sglang"],
+                 answer_records=[record], parked=observe["parked"])
+    steps = switch_plan.plan(settings(check_mode=True, park_previous="auto"), node)
+    assert steps["park"]["wake"] and steps["answer_check"] == {"kind": "golden", "probes": 3, "reason": None, "recorded_at": 1_700_000_000}
+    # the run: the cutover's identity (engine, served name, the version it reports, the unit's command) and its verdict
+    ran = answers.identity("sglang", "llama70b", "0.5.23", argv)
+    got = [answers.Answer(**probe) for probe in record.get("probes") or []]
+    assert answers.record_for(ran, node.answer_records) is record
+    assert answers.judge(ran, record, got, [], [], 0.0)["kind"] == "golden"
+
+
 def test_the_previous_engine_is_one_running_other_than_the_target_else_the_target_in_place_else_none():
     assert switch_plan.previous_engine(["vllm", "sglang"], "vllm") == "sglang"
     assert switch_plan.previous_engine(["sglang", "vllm"], "sglang") == "vllm"
