@@ -298,7 +298,9 @@ def _answer_check(checked) -> dict | None:
             "record": checked.get("record"), "recorded_at": _iso(checked["recorded_at"]) if checked.get("recorded_at") else None,
             "recorded": bool(checked.get("recorded")), "refresh": bool(checked.get("refresh")),
             # a woken engine that answered otherwise, then started cold and checked again
-            "woken_mismatch": woken.get("mismatch") if woken else None}
+            "woken_mismatch": woken.get("mismatch") if woken else None,
+            # a probe that failed once and was asked again (an engine's first request): what it answered the first time
+            "retried": checked.get("retried")}
 
 
 def _answer_seconds(checked) -> float | None:
@@ -560,6 +562,8 @@ def answer_lines(report: dict) -> list[str]:
             lines.append(f"woken {label} answered differently: {checked['woken_mismatch']}; stopped and started cold")
         what = (f"{checked['kind']} check of {label}'s answers ({checked.get('probes')} probes, {_seconds(checked.get('seconds'))} s"
                 + (f", largest logprob drift {checked['drift']:g}" if checked.get("drift") is not None else "") + ")")
+        if checked.get("retried"):
+            lines.append(f"a probe of {label} failed and was asked again: {checked['retried']}")
         if checked.get("passed"):
             lines.append(f"{what} passed" + ("; its answers are its record now" if checked.get("recorded") else ""))
         else:

@@ -149,6 +149,10 @@ class NodeOps(TeardownOps):
         """The command line the unit runs (its ExecStart=)."""
         raise NotImplementedError
 
+    def engine_said(self, unit: str) -> str | None:
+        """The root cause the engine printed since its unit's last start (its first exception line), or None."""
+        return None
+
     def read_answers(self, path: str) -> dict | None:
         """A golden record, or None where there is none (or it cannot be read)."""
         raise NotImplementedError
@@ -461,18 +465,38 @@ def checked_answers(request: CutoverRequest, ops: NodeOps, clock: Clock, engine:
     path = answers.record_path(settings.record_dir, ident)
     record = None if settings.refresh else ops.read_answers(path)
     checks = list(settings.expectations) if expectations else []
+    retried: list[str] = []
     try:
-        got = [ops.ask(engine, prompt, answers.PROBE_TOKENS) for prompt in settings.probes]
-        expected = [ops.ask(engine, check.prompt, check.max_tokens) for check in checks]
+        got = [ask_retrying_once(ops, clock, engine, prompt, answers.PROBE_TOKENS, retried) for prompt in settings.probes]
+        expected = [ask_retrying_once(ops, clock, engine, check.prompt, check.max_tokens, retried) for check in checks]
     except Error as exc:
-        verdict = {"kind": "golden" if record else "sanity", "passed": False, "mismatch": f"a probe failed: {exc.msg}", "drift": None,
-                   "recorded_at": (record or {}).get("created")}
+        said = ops.engine_said(engine.unit)
+        verdict = {"kind": "golden" if record else "sanity", "passed": False, "drift": None, "recorded_at": (record or {}).get("created"),
+                   "mismatch": f"a probe failed: {exc.msg}" + (f"; {engine.engine} said: {said}" if said else "")
+                   + (f" (journalctl -u {engine.unit})" if said else "")}
         got, expected = [], []
     else:
         verdict = answers.judge(ident, record, got, checks, expected, settings.tolerance, settings.degenerate_check)
     return dict(verdict, probes=len(settings.probes) + len(checks), seconds=round(clock.monotonic() - started, 3), record=path,
                 identity=ident, answers=[answer.to_dict() for answer in got], expected=[answer.to_dict() for answer in expected],
-                recorded=False, refresh=settings.refresh)
+                recorded=False, refresh=settings.refresh, retried=retried[0] if retried else None)
+
+
+# a probe that fails is asked once more after this long (an engine's first request may fail while it warms up); a
+# second failure in the same check is the engine's answer
+PROBE_RETRY_SECONDS = 1.0
+
+
+def ask_retrying_once(ops: NodeOps, clock: Clock, engine: Engine, prompt: str, max_tokens: int, retried: list[str]) -> answers.Answer:
+    """One probe; the first failure of a check is retried once, and noted in ``retried`` (the check's result says so)."""
+    try:
+        return ops.ask(engine, prompt, max_tokens)
+    except Error as exc:
+        if retried:
+            raise
+        retried.append(exc.msg)
+    clock.sleep(PROBE_RETRY_SECONDS)
+    return ops.ask(engine, prompt, max_tokens)
 
 
 def restart_cold(request: CutoverRequest, ops: NodeOps, clock: Clock, phases: Phases, result: dict) -> None:

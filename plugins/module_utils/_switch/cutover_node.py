@@ -52,6 +52,9 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
         body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=30), engine.model, prompt, max_tokens, engine.engine)
         return answers.Answer.from_completion(prompt, body)
 
+    def engine_said(self, unit: str) -> str | None:
+        return readiness.engine_said(self.systemctl.journal(unit))
+
     def unit_command(self, unit: str) -> str:
         properties = self.systemctl.show_units([unit], ("ExecStart",))[unit]
         return " ".join(systemd_units.exec_start_argv(properties.get("ExecStart")))

@@ -165,6 +165,37 @@ def check_executable(request: Request, returncode: int | None, output: str) -> C
     return Check("executable", True, f"{request.engine} {found or '(no version printed)'}")
 
 
+# A service's PATH where its unit sets none (systemd's default, merged-/usr Debian and RHEL alike)
+SERVICE_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+# What vLLM compiles with at run time, after it serves: its CPU build's torch.compile (Inductor) builds C++ kernels with
+# g++; on GPUs, Triton builds each kernel's launcher with a C compiler (gcc or clang, as Triton looks them up)
+CPU_BUILD_COMPILERS = ("g++",)
+GPU_BUILD_COMPILERS = ("gcc", "clang")
+
+
+def compilers_needed(engine: str, version: str) -> tuple[str, ...]:
+    """The compilers an engine needs at run time (any one of them), by the version it reports; () where none."""
+    if engine != "vllm":
+        return ()
+    return CPU_BUILD_COMPILERS if "cpu" in version else GPU_BUILD_COMPILERS
+
+
+def check_compiler(engine: str, version: str, found: dict) -> Check | None:
+    """vLLM compiles kernels the first time a request needs them (a sampler with logprobs, a new batch shape), long after
+    it reported ready: without a compiler there its engine core dies on that request and answers 500 to every later
+    one. ``found``: {compiler: its path or None}, looked up on the engine's PATH."""
+    needed = compilers_needed(engine, version)
+    if not needed:
+        return None
+    present = [f"{name} ({found[name]})" for name in needed if found.get(name)]
+    if present:
+        return Check("compiler", True, f"{engine} {version} compiles kernels at run time with {present[0]}")
+    build = "its CPU build compiles C++ kernels with torch.compile" if needed == CPU_BUILD_COMPILERS else "Triton builds its kernels' launchers"
+    return Check("compiler", False, f"{engine} {version} needs {' or '.join(needed)} on its PATH ({build} at the first request that "
+                                    "needs a new kernel; without one its engine core dies there and every later request fails): "
+                                    f"install {'g++' if needed == CPU_BUILD_COMPILERS else 'gcc'} on the node")
+
+
 def check_staged_model(label: str, hub_name: str, listing: ModelListing, user: str) -> Check:
     """A hub model staged on the node: checked where it is, as a model directory is; not there yet, the stage step
     downloads and verifies it before the drain."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import subprocess
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Error
@@ -75,6 +76,12 @@ class NodeProbe:
         except subprocess.TimeoutExpired:
             return None, f"did not finish within {timeout:g}s"
         return done.returncode, (done.stdout if done.returncode == 0 else done.stderr or done.stdout)
+
+    def compilers(self, executable: str, names: tuple) -> dict:
+        """Where each compiler is on the engine's PATH: its executable's directory (a virtualenv's bin), then a
+        service's default PATH; None where it is not."""
+        path = os.pathsep.join((os.path.dirname(executable),) + preflight.SERVICE_PATH)
+        return {name: shutil.which(name, path=path) for name in names}
 
     def model(self, user: str, path: str) -> preflight.ModelListing:
         try:
@@ -153,7 +160,12 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
     """The selected checks, in order, the GPUs seen and the GPU holders found outside the engines' units."""
     checks, gpus, holders = [], [], {}
     if "executable" in request.checks:
-        checks.append(preflight.check_executable(request, *probe.version(request.version_argv, request.version_timeout)))
+        returncode, output = probe.version(request.version_argv, request.version_timeout)
+        checks.append(preflight.check_executable(request, returncode, output))
+        version = ([line.strip() for line in (output or "").splitlines() if line.strip()] or [""])[-1]
+        needed = preflight.compilers_needed(request.engine, version) if returncode == 0 else ()
+        if needed:
+            checks.append(preflight.check_compiler(request.engine, version, probe.compilers(request.version_argv[0], needed)))
     if "model" in request.checks:
         for label, path in request.models:
             if label in request.staged and not os.path.isabs(path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import answers
-from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, EngineExited, InvalidInput, Refused
+from ansible_collections.gpufleet.serving.plugins.module_utils._errors import CheckFailed, CommandFailed, EngineExited, InvalidInput, Refused
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch import cutover, preflight
 
 VLLM = cutover.Engine("vllm", "vllm.service", "http://127.0.0.1:8000", "m", ready_timeout=60)
@@ -36,6 +36,8 @@ class Node(cutover.NodeOps):
         self.costs = {"drain": 0.2, "stop_units": 0.3, "kill_holders": 0.05, "memory": 0.02, "start": 0.01, "wait_ready": 2.0, **(costs or {})}
         self.calls = []
         self.answers_by_unit, self.records = {}, {}
+        self.ask_errors = {}  # unit -> errors its next asks raise, in order (the one after the last answers)
+        self.said = {}  # unit -> the root cause its journal names
 
     def _step(self, name, *args):
         self.calls.append((name, *args))
@@ -101,6 +103,8 @@ class Node(cutover.NodeOps):
 
     def ask(self, engine, prompt, max_tokens):
         self._step("ask", engine.unit)
+        if self.ask_errors.get(engine.unit):
+            raise self.ask_errors[engine.unit].pop(0)
         text = self.answers_by_unit.get(engine.unit, " Paris, the city of light.")
         if isinstance(text, list):  # one answer per start: the first call's, then the next
             text = text[0] if len(text) == 1 else text.pop(0)
@@ -109,6 +113,9 @@ class Node(cutover.NodeOps):
 
     def unit_command(self, unit):
         return f"/usr/bin/{unit} serve /m"
+
+    def engine_said(self, unit):
+        return self.said.get(unit)
 
     def read_answers(self, path):
         return self.records.get(path)
@@ -550,6 +557,36 @@ def test_an_engine_that_answers_garbage_or_otherwise_than_its_record_is_rolled_b
     result = run(changed, clock, answers=CHECK)
     assert result["result"] == "rolled_back" and "token 1 of probe 1: ' Lyo' where the record has ' Par'" in result["reason"]
     assert result["rollback_answer_check"]["kind"] == "sanity" and result["rollback_answer_check"]["passed"], "the previous engine's own"
+
+
+def test_a_probe_that_fails_once_is_asked_again_and_the_check_says_so():
+    """An engine's first request may fail while it warms up: the probe is asked once more, a second later, and the
+    check passes saying what the first answer was - never a rollback without a word, never a silent pass."""
+    clock = Clock()
+    node = Node(clock)
+    node.ask_errors["sglang.service"] = [CommandFailed("/v1/completions for 'The capital of France is': 503 warming up")]
+    result = run(node, clock, answers=CHECK)
+    checked = result["answer_check"]
+    assert result["result"] == "switched" and checked["passed"] and checked["kind"] == "sanity"
+    assert checked["retried"] == "/v1/completions for 'The capital of France is': 503 warming up"
+    assert [call[1] for call in node.calls if call[0] == "ask"] == ["sglang.service"] * 4, "three probes, the first asked twice"
+
+
+def test_an_engine_whose_probes_fail_twice_is_rolled_back_naming_what_it_said():
+    """The real vLLM's case (molecule/real_vllm): its EngineCore died on the first request with logprobs (Inductor
+    found no C++ compiler) and answers 500 to everything after. The retry fails too: rolled back, the reason naming the
+    probe's error and the root cause from the engine's journal; no third ask."""
+    clock = Clock()
+    node = Node(clock)
+    dead = "/v1/completions for 'The capital of France is': 500 EngineCore encountered an issue"
+    node.ask_errors["sglang.service"] = [CommandFailed(dead), CommandFailed(dead)]
+    node.said["sglang.service"] = "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found"
+    result = run(node, clock, answers=CHECK)
+    assert result["result"] == "rolled_back", result["reason"]
+    assert (f"a probe failed: {dead}; sglang said: torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found "
+            "(journalctl -u sglang.service)") in result["reason"]
+    assert [call[1] for call in node.calls if call[0] == "ask"].count("sglang.service") == 2
+    assert result["answer_check"]["retried"] == dead and not result["answer_check"]["passed"]
 
 
 def test_a_woken_engine_that_answers_otherwise_is_started_cold_and_checked_again():

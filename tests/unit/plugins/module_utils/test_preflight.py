@@ -10,6 +10,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight
     ModelListing,
     Request,
     check_disk,
+    check_compiler,
     check_executable,
     check_fit,
     check_gpus,
@@ -27,6 +28,33 @@ PARAMS = {"engine": "vllm", "checks": ["executable", "model", "gpus", "port"], "
 
 def request(**changes) -> Request:
     return Request.from_params({**PARAMS, **changes})
+
+
+def test_vllm_is_refused_without_the_compiler_it_needs_after_it_serves():
+    """The real vLLM's failure (molecule/real_vllm): its CPU build served, then died on the answer check's first
+    request with logprobs - torch.compile found no g++. Its CPU build needs g++; a GPU build, gcc or clang (Triton);
+    SGLang is not checked."""
+    missing = check_compiler("vllm", "0.32.0+cpu", {"g++": None})
+    assert not missing.passed and missing.name == "compiler"
+    assert "vllm 0.32.0+cpu needs g++ on its PATH" in missing.detail and "install g++ on the node" in missing.detail
+    assert check_compiler("vllm", "0.32.0+cpu", {"g++": "/usr/bin/g++"}).passed
+    assert check_compiler("vllm", "0.33.0", {"gcc": None, "clang": "/usr/bin/clang"}).passed
+    gpu = check_compiler("vllm", "0.33.0", {"gcc": None, "clang": None})
+    assert not gpu.passed and "needs gcc or clang" in gpu.detail and "Triton" in gpu.detail
+    assert check_compiler("sglang", "0.5.23", {}) is None
+
+
+def test_the_compilers_are_looked_up_where_the_engine_runs_them(tmp_path):
+    """Its executable's directory (a virtualenv's bin) first, then a service's default PATH."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight_node import NodeProbe
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("vllm", "g++"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    found = NodeProbe(None).compilers(str(bin_dir / "vllm"), ("g++", "gpufleet-no-such-compiler"))
+    assert found == {"g++": str(bin_dir / "g++"), "gpufleet-no-such-compiler": None}
 
 
 def test_bad_requests_are_refused_naming_the_option():
