@@ -142,7 +142,7 @@ molecule:
 # each of 3 nodes and on some the controller's, every fault kind) among them. make test-all adds what does not fit the gate's time
 # (DRILL_SCENARIOS): real_vllm, vLLM's real CPU build installed, served, drained, refused a broken model and switched
 # (about 900 MB of wheels fetched once). Run it before a release.
-GATE_SCENARIOS := chaos_short engine_install engine_units fleet_slices switch_engine switch_faults switch_metrics switch_park switch_pivot switch_readme switch_traffic teardown_faults teardown_units
+GATE_SCENARIOS := chaos_short engine_install engine_units fleet_slices real_vllm_switch switch_engine switch_faults switch_metrics switch_park switch_pivot switch_readme switch_traffic teardown_faults teardown_units
 DRILL_SCENARIOS := real_vllm
 
 # what this run proved of the reliability catalogue: each test's and Molecule task's outcome (catalogue_map.py --run)

@@ -30,16 +30,16 @@ BIN = Path(sys.executable).parent
 # Longest first, as CI measured them on 2 cores (2026-12-05, a machine about 4x slower than the one of the figures in
 # docs/testing.md); scenarios not listed are placed by the same rule with this default.
 EXPECTED_SECONDS = {"switch_faults": 2000, "switch_engine": 2050, "switch_traffic": 280, "switch_readme": 230, "teardown_units": 340,
-                    "engine_install": 600, "engine_units": 125, "teardown_faults": 160, "real_vllm": 2400,
+                    "engine_install": 600, "engine_units": 125, "teardown_faults": 160, "real_vllm": 2400, "real_vllm_switch": 900,
                     "fleet_slices": 400, "switch_park": 600, "switch_metrics": 115, "switch_pivot": 455,
                     "chaos_short": 900}
 # A scenario whose lab is not 2 nodes with nothing published: switch_traffic puts HAProxy in front of 3 nodes;
 # chaos_short's fault campaign gives each of 3 nodes two faults; teardown_units' cases are each about one node's units;
-# real_vllm runs vLLM's real CPU build on one node.
+# real_vllm and real_vllm_switch run vLLM's real CPU build on one node.
 LAB_OPTIONS = {"switch_traffic": ["--nodes", "3", "--http-port", "{http_port}"], "chaos_short": ["--nodes", "3"],
                "teardown_units": ["--nodes", "1"], "fleet_slices": ["--nodes", "4"],
                "switch_park": ["--nodes", "1"], "switch_pivot": ["--nodes", "1"], "switch_metrics": ["--nodes", "1", "--metrics-port", "{metrics_port}"],
-               "real_vllm": ["--nodes", "1", "--real-vllm"]}
+               "real_vllm": ["--nodes", "1", "--real-vllm"], "real_vllm_switch": ["--nodes", "1", "--real-vllm"]}
 DEFAULT_SECONDS = 120
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
