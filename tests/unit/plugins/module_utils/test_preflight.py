@@ -9,8 +9,8 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import In
 from ansible_collections.gpufleet.serving.plugins.module_utils._switch.preflight import (
     ModelListing,
     Request,
-    check_disk,
     check_compiler,
+    check_disk,
     check_executable,
     check_fit,
     check_gpus,
