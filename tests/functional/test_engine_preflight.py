@@ -52,8 +52,8 @@ def free_port():
 def test_every_check_passes_on_a_node_ready_for_the_engine(tmp_path, nvml_env):
     result = run_module("engine_preflight", args(tmp_path, model_dir(tmp_path / "m"), version="0.33.0"), env=nvml_env)
     assert not result.failed, result["msg"] if result.failed else ""
-    assert [(c["name"], c["passed"]) for c in result["checks"]] == [("executable", True), ("compiler", True), ("model", True), ("gpus", True),
-                                                                     ("port", True)]
+    expected = [("executable", True), ("compiler", True), ("model", True), ("gpus", True), ("port", True)]
+    assert [(c["name"], c["passed"]) for c in result["checks"]] == expected
     assert result["checks"][0]["detail"] == "vllm 0.33.0" and len(result["gpus"]) == 4 and result["changed"] is False
     assert result["checks"][1]["detail"].startswith("vllm 0.33.0 compiles kernels at run time with gcc (/")
 

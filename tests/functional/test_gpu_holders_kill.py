@@ -629,8 +629,8 @@ def run_command(argv, environ_update=None):
 
 
 @pytest.mark.covers('G25')
-def test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says(devices, processes, nvml_env,
-                                                                                                    unit_groups, tmp_path):
+def test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says(
+        devices, processes, nvml_env, unit_groups, tmp_path):
     """G25 through the collection's own systemctl reader (systemd itself: molecule/teardown_faults): a holder in
     sidecar.service, whose `systemctl show` says Restart=always and names it MainPID, is never killed alone - the plan
     is refused naming the unit, while the same holder in a service that does not restart is a target."""
