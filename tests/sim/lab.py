@@ -52,13 +52,14 @@ ENGINE_PORT = 8000  # behind a balancer both engines serve on one port, publishe
 HUGGINGFACE_HUB = "2.4.0"  # as requirements-dev.txt pins it
 PROMETHEUS_CLIENT = "0.26.0"  # as requirements-dev.txt pins it
 GGUF = "0.19.0"  # as requirements-dev.txt pins it: the vLLM double reads a GGUF model with llama.cpp's own reader
-RECIPE_VERSION = "7"  # bump when build_image() changes (6: the gguf package; 7: g++)
+RECIPE_VERSION = "7"  # bump when build_image() changes (6: the gguf package; 7: g++ and python3-dev)
 # python3-venv and python3-packaging: what the engine roles' pinned virtualenv install needs on a node.
 # libnuma1: vLLM's CPU build loads its kernels only with it (`make lab-up REAL_VLLM=1`), as a real host has it.
-# g++ (and gcc with it): vLLM compiles kernels at run time - its CPU build's torch.compile with g++, Triton's launchers
-# on GPUs with gcc - and the switch's preflight refuses a vLLM node without them, as a real host needs them.
+# g++ (and gcc with it) and python3-dev: vLLM compiles kernels at run time - its CPU build's torch.compile C++ kernels
+# with g++, including Python.h; Triton's launchers on GPUs with gcc - and the switch's preflight refuses a vLLM node
+# without them, as a real host needs them.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "python3", "python3-psutil", "python3-venv", "python3-packaging",
-            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo", "libnuma1", "g++",
+            "procps", "psmisc", "openssh-server", "iproute2", "curl", "ca-certificates", "sudo", "libnuma1", "g++", "python3-dev",
             # node_exporter with its textfile collector, as the fleet's nodes run it (off until a scenario starts it)
             "prometheus-node-exporter"]
 NODE_EXPORTER_PORT = 9100

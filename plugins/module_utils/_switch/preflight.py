@@ -180,20 +180,31 @@ def compilers_needed(engine: str, version: str) -> tuple[str, ...]:
     return CPU_BUILD_COMPILERS if "cpu" in version else GPU_BUILD_COMPILERS
 
 
-def check_compiler(engine: str, version: str, found: dict) -> Check | None:
+# what the CPU build's kernels include: its interpreter's Python.h (where sysconfig says its headers are)
+PYTHON_HEADERS_PROBE = "import os, sysconfig; print(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))"
+
+
+def check_compiler(engine: str, version: str, found: dict, headers: tuple | None = None) -> Check | None:
     """vLLM compiles kernels the first time a request needs them (a sampler with logprobs, a new batch shape), long after
     it reported ready: without a compiler there its engine core dies on that request and answers 500 to every later
-    one. ``found``: {compiler: its path or None}, looked up on the engine's PATH."""
+    one. ``found``: {compiler: its path or None}, looked up on the engine's PATH; ``headers``: (the Python.h its CPU
+    build's kernels include, whether it exists), None where not read."""
     needed = compilers_needed(engine, version)
     if not needed:
         return None
     present = [f"{name} ({found[name]})" for name in needed if found.get(name)]
-    if present:
-        return Check("compiler", True, f"{engine} {version} compiles kernels at run time with {present[0]}")
-    build = "its CPU build compiles C++ kernels with torch.compile" if needed == CPU_BUILD_COMPILERS else "Triton builds its kernels' launchers"
-    return Check("compiler", False, f"{engine} {version} needs {' or '.join(needed)} on its PATH ({build} at the first request that "
-                                    "needs a new kernel; without one its engine core dies there and every later request fails): "
-                                    f"install {'g++' if needed == CPU_BUILD_COMPILERS else 'gcc'} on the node")
+    cpu = needed == CPU_BUILD_COMPILERS
+    consequence = ("at the first request that needs a new kernel; without it its engine core dies there and every later request "
+                   "fails")
+    if not present:
+        build = "its CPU build compiles C++ kernels with torch.compile" if cpu else "Triton builds its kernels' launchers"
+        return Check("compiler", False, f"{engine} {version} needs {' or '.join(needed)} on its PATH ({build} {consequence}): "
+                                        f"install {'g++' if cpu else 'gcc'} on the node")
+    if cpu and headers is not None and not headers[1]:
+        return Check("compiler", False, f"{engine} {version} compiles C++ kernels that include {headers[0]}, which is not there "
+                                        f"({consequence}): install its Python's development headers (python3-dev) on the node")
+    return Check("compiler", True, f"{engine} {version} compiles kernels at run time with {present[0]}"
+                                   + (f" and {headers[0]}" if cpu and headers else ""))
 
 
 def check_staged_model(label: str, hub_name: str, listing: ModelListing, user: str) -> Check:

@@ -83,6 +83,14 @@ class NodeProbe:
         path = os.pathsep.join((os.path.dirname(executable),) + preflight.SERVICE_PATH)
         return {name: shutil.which(name, path=path) for name in names}
 
+    def python_headers(self, python: str, timeout: float) -> tuple | None:
+        """(the Python.h of ``python``'s headers, whether it exists); None where the interpreter does not say."""
+        returncode, output = self.version([python, "-c", preflight.PYTHON_HEADERS_PROBE], timeout)
+        lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+        if returncode != 0 or not lines:
+            return None
+        return lines[-1], os.path.isfile(lines[-1])
+
     def model(self, user: str, path: str) -> preflight.ModelListing:
         try:
             pwd.getpwnam(user)
@@ -165,7 +173,9 @@ def run_checks(request: preflight.Request, probe: NodeProbe) -> tuple:
         version = ([line.strip() for line in (output or "").splitlines() if line.strip()] or [""])[-1]
         needed = preflight.compilers_needed(request.engine, version) if returncode == 0 else ()
         if needed:
-            checks.append(preflight.check_compiler(request.engine, version, probe.compilers(request.version_argv[0], needed)))
+            python = request.python or probe.interpreter(request.version_argv[0])
+            headers = probe.python_headers(python, request.version_timeout) if needed == preflight.CPU_BUILD_COMPILERS and python else None
+            checks.append(preflight.check_compiler(request.engine, version, probe.compilers(request.version_argv[0], needed), headers))
     if "model" in request.checks:
         for label, path in request.models:
             if label in request.staged and not os.path.isabs(path):

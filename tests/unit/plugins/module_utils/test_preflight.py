@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import prewarm
@@ -38,6 +40,10 @@ def test_vllm_is_refused_without_the_compiler_it_needs_after_it_serves():
     assert not missing.passed and missing.name == "compiler"
     assert "vllm 0.32.0+cpu needs g++ on its PATH" in missing.detail and "install g++ on the node" in missing.detail
     assert check_compiler("vllm", "0.32.0+cpu", {"g++": "/usr/bin/g++"}).passed
+    headers = check_compiler("vllm", "0.32.0+cpu", {"g++": "/usr/bin/g++"}, ("/usr/include/python3.11/Python.h", False))
+    assert not headers.passed and "include /usr/include/python3.11/Python.h, which is not there" in headers.detail
+    assert "python3-dev" in headers.detail
+    assert check_compiler("vllm", "0.32.0+cpu", {"g++": "/usr/bin/g++"}, ("/usr/include/python3.11/Python.h", True)).passed
     assert check_compiler("vllm", "0.33.0", {"gcc": None, "clang": "/usr/bin/clang"}).passed
     gpu = check_compiler("vllm", "0.33.0", {"gcc": None, "clang": None})
     assert not gpu.passed and "needs gcc or clang" in gpu.detail and "Triton" in gpu.detail
@@ -55,6 +61,12 @@ def test_the_compilers_are_looked_up_where_the_engine_runs_them(tmp_path):
         (bin_dir / name).chmod(0o755)
     found = NodeProbe(None).compilers(str(bin_dir / "vllm"), ("g++", "gpufleet-no-such-compiler"))
     assert found == {"g++": str(bin_dir / "g++"), "gpufleet-no-such-compiler": None}
+    # the interpreter's own word on where its headers are, and whether they are there
+    import sys
+    import sysconfig
+    where = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    assert NodeProbe(None).python_headers(sys.executable, 30) == (where, os.path.isfile(where))
+    assert NodeProbe(None).python_headers(str(tmp_path / "no-python"), 30) is None
 
 
 def test_bad_requests_are_refused_naming_the_option():
