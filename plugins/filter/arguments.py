@@ -159,13 +159,18 @@ def fleet_variable_errors(hostvars, hosts: list, roles: list) -> list[str]:
 
 
 def answer_check_errors(variables: Mapping) -> list[str]:
-    """switch_engine_answer_checks as the cutover reads them (a prompt and a regular expression each)."""
+    """switch_engine_answer_checks as the cutover reads them (a prompt and a regular expression each), and the probe's
+    timeout; before any node is touched."""
     errors = []
     for index, item in enumerate(variables.get("switch_engine_answer_checks") or []):
         try:
             _answers.Expectation.from_params(index, item)
         except InvalidInput as error:
             errors.append(f"switch_engine_{error}")
+    try:
+        _answers.CheckSettings.from_params({"probe_timeout": variables.get("switch_engine_answer_timeout")})
+    except (InvalidInput, TypeError, ValueError):
+        errors.append(f"switch_engine_answer_timeout: 1 to 3600 seconds, got {variables.get('switch_engine_answer_timeout')!r}")
     return errors
 
 

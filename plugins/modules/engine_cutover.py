@@ -62,6 +62,7 @@ ARGUMENT_SPEC = dict(
         refresh=dict(type="bool", default=False),
         versions=dict(type="dict", default={}),
         degenerate_check=dict(type="bool", default=True),
+        probe_timeout=dict(type="float", default=120),
     )),
 )
 

@@ -61,6 +61,7 @@ class Settings:
     answer_check: bool = True  # the engine's answers checked before rotation
     answer_refresh: bool = False  # a new record taken on purpose
     answer_expectations: int = 0  # the operator's expectations (switch_engine_answer_checks)
+    answer_timeout: float = answers.DEFAULT_PROBE_TIMEOUT  # seconds one probe may take (switch_engine_answer_timeout)
     outside_units: str = "fail"  # another user's GPU holders: fail, report or kill (switch_engine_outside_units)
 
     @classmethod
@@ -71,7 +72,7 @@ class Settings:
         settings = cls(**values)
         park.check_mode(settings.park_previous)
         for name in ("prewarm_timeout", "lease_seconds", "soak_seconds", "stop_timeout", "drain_timeout", "kill_timeout", "term_timeout",
-                     "memory_timeout"):
+                     "memory_timeout", "answer_timeout"):
             object.__setattr__(settings, name, non_negative(name, float(getattr(settings, name))))
         return settings
 
@@ -118,10 +119,12 @@ def opening(settings: Settings) -> dict:
 
 def cutover_bound(target_ready_timeout: float, previous_ready_timeout: float | None, settings: Settings, stop_bound: float) -> float:
     """Seconds the cutover's engines may take: the drain, two teardowns (the switch's and a rollback's), the target's
-    start and the previous engine's start again."""
+    start and the previous engine's start again, and the answer checks of both."""
     # one unit serves and takes its stop bound; the others are stopped already
     teardown = longest_run(1, stop_bound, settings.kill_timeout, settings.term_timeout, settings.memory_timeout)
-    return round(settings.drain_timeout + 2 * teardown + float(target_ready_timeout) + float(previous_ready_timeout or 0.0), 1)
+    # the target's answers and, after a rollback, the previous engine's: as long as the cutover's check may wait
+    checks = 2 * answers.CheckSettings(probe_timeout=settings.answer_timeout).longest_run if settings.answer_check else 0.0
+    return round(settings.drain_timeout + 2 * teardown + float(target_ready_timeout) + float(previous_ready_timeout or 0.0) + checks, 1)
 
 
 def user_ready(facts: dict, observed: dict, device: str = "/dev/nvidiactl") -> bool:

@@ -163,6 +163,9 @@ def _shown(text: str, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
+DEFAULT_PROBE_TIMEOUT = 120.0
+
+
 @dataclass(frozen=True)
 class CheckSettings:
     """The switch's answer check: the operator's expectations (for the target only), the tolerance, where the records
@@ -174,6 +177,14 @@ class CheckSettings:
     versions: dict = field(default_factory=dict)
     probes: tuple = PROBES
     degenerate_check: bool = True  # with no record: refuse garbage (off: only the expectations judge a first answer)
+    # seconds one probe may take: an engine's first request may compile kernels first (vLLM's CPU build: a minute)
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+
+    @property
+    def longest_run(self) -> float:
+        """The most one check waits on failing probes: a probe that times out, then its one retry (a second failure
+        ends the check); answered probes take a fraction of a second."""
+        return 2 * self.probe_timeout + 1.0
 
     @classmethod
     def from_params(cls, params: dict | None) -> CheckSettings | None:
@@ -183,9 +194,12 @@ class CheckSettings:
         if not 0 <= tolerance <= 10:
             raise InvalidInput(f"answer_check.tolerance: 0 to 10 (a logprob difference), got {tolerance:g}")
         expectations = tuple(Expectation.from_params(index, item) for index, item in enumerate(params.get("expectations") or []))
+        probe_timeout = float(DEFAULT_PROBE_TIMEOUT if params.get("probe_timeout") is None else params["probe_timeout"])
+        if not 1 <= probe_timeout <= 3600:
+            raise InvalidInput(f"answer_check.probe_timeout: 1 to 3600 seconds, got {probe_timeout:g}")
         return cls(expectations=expectations, tolerance=tolerance, record_dir=str(params.get("record_dir") or RECORD_DIR),
                    refresh=bool(params.get("refresh")), versions=dict(params.get("versions") or {}),
-                   degenerate_check=bool(params.get("degenerate_check", True)))
+                   degenerate_check=bool(params.get("degenerate_check", True)), probe_timeout=probe_timeout)
 
 
 def new_record(ident: dict, answers: list[Answer], created: float) -> dict:

@@ -122,8 +122,10 @@ class CutoverRequest:
         park_calls = 2 * self.park_timeout if self.park_previous or self.wake else 0.0
         # the target's download, then the previous model's again
         replace = sum(float(stage.get("timeout") or 0) for stage in (self.replace_model, self.restage_previous) if stage) if self.replace_model else 0.0
+        # the target's answers, and the previous engine's after a rollback
+        checks = 2 * self.answers.longest_run if self.answers is not None else 0.0
         return (preflight + prewarm + self.drain_timeout + 2 * self.stop_timeout + self.target.ready_timeout + self.soak + previous_start
-                + park_calls + replace)
+                + park_calls + replace + checks)
 
 
 class NodeOps(TeardownOps):
@@ -141,8 +143,9 @@ class NodeOps(TeardownOps):
         """model_stage's result for ``params`` (for real); raises Error."""
         raise NotImplementedError
 
-    def ask(self, engine: Engine, prompt: str, max_tokens: int) -> answers.Answer:
-        """One greedy completion (temperature 0) with the chosen tokens' logprobs; raises Error when it fails."""
+    def ask(self, engine: Engine, prompt: str, max_tokens: int, timeout: float) -> answers.Answer:
+        """One greedy completion (temperature 0) with the chosen tokens' logprobs, within timeout seconds; raises Error
+        when it fails."""
         raise NotImplementedError
 
     def unit_command(self, unit: str) -> str:
@@ -467,8 +470,10 @@ def checked_answers(request: CutoverRequest, ops: NodeOps, clock: Clock, engine:
     checks = list(settings.expectations) if expectations else []
     retried: list[str] = []
     try:
-        got = [ask_retrying_once(ops, clock, engine, prompt, answers.PROBE_TOKENS, retried) for prompt in settings.probes]
-        expected = [ask_retrying_once(ops, clock, engine, check.prompt, check.max_tokens, retried) for check in checks]
+        got = [ask_retrying_once(ops, clock, engine, prompt, answers.PROBE_TOKENS, settings.probe_timeout, retried)
+               for prompt in settings.probes]
+        expected = [ask_retrying_once(ops, clock, engine, check.prompt, check.max_tokens, settings.probe_timeout, retried)
+                    for check in checks]
     except Error as exc:
         said = ops.engine_said(engine.unit)
         verdict = {"kind": "golden" if record else "sanity", "passed": False, "drift": None, "recorded_at": (record or {}).get("created"),
@@ -487,16 +492,17 @@ def checked_answers(request: CutoverRequest, ops: NodeOps, clock: Clock, engine:
 PROBE_RETRY_SECONDS = 1.0
 
 
-def ask_retrying_once(ops: NodeOps, clock: Clock, engine: Engine, prompt: str, max_tokens: int, retried: list[str]) -> answers.Answer:
+def ask_retrying_once(ops: NodeOps, clock: Clock, engine: Engine, prompt: str, max_tokens: int, timeout: float,
+                      retried: list[str]) -> answers.Answer:
     """One probe; the first failure of a check is retried once, and noted in ``retried`` (the check's result says so)."""
     try:
-        return ops.ask(engine, prompt, max_tokens)
+        return ops.ask(engine, prompt, max_tokens, timeout)
     except Error as exc:
         if retried:
             raise
         retried.append(exc.msg)
     clock.sleep(PROBE_RETRY_SECONDS)
-    return ops.ask(engine, prompt, max_tokens)
+    return ops.ask(engine, prompt, max_tokens, timeout)
 
 
 def restart_cold(request: CutoverRequest, ops: NodeOps, clock: Clock, phases: Phases, result: dict) -> None:

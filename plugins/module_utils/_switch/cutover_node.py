@@ -48,8 +48,8 @@ class CutoverNode(TeardownNode, cutover.NodeOps):
     def preflight(self, request: preflight.Request) -> dict:
         return preflight_node.outcome(*preflight_node.run_checks(request, preflight_node.NodeProbe(self.nvml, restart_policy=self.restart_policy)))
 
-    def ask(self, engine: cutover.Engine, prompt: str, max_tokens: int) -> answers.Answer:
-        body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=30), engine.model, prompt, max_tokens, engine.engine)
+    def ask(self, engine: cutover.Engine, prompt: str, max_tokens: int, timeout: float) -> answers.Answer:
+        body = http.greedy_completion(http.HttpClient(engine.url, engine.api_key, timeout=timeout), engine.model, prompt, max_tokens, engine.engine)
         return answers.Answer.from_completion(prompt, body)
 
     def engine_said(self, unit: str) -> str | None:

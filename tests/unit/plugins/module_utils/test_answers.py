@@ -88,3 +88,11 @@ def test_with_the_degenerate_check_off_only_the_expectations_judge_a_first_answe
     assert answers.judge(ident, None, [noise], [], [], 0.05, degenerate_check=False)["passed"] is True
     expect = answers.Expectation.from_params(0, {"prompt": "p", "expect": "Paris"})
     assert answers.judge(ident, None, [noise], [expect], [noise], 0.05, degenerate_check=False)["passed"] is False
+
+
+@pytest.mark.parametrize(("timeout", "errors"), [(None, []), (60, []), ("90", []), (0, ["switch_engine_answer_timeout: 1 to 3600 seconds, got 0"]),
+                                                 ("soon", ["switch_engine_answer_timeout: 1 to 3600 seconds, got 'soon'"])])
+def test_the_probe_timeout_is_checked_before_any_node_is_touched(timeout, errors):
+    from ansible_collections.gpufleet.serving.plugins.filter.arguments import answer_check_errors
+    variables = {} if timeout is None else {"switch_engine_answer_timeout": timeout}
+    assert answer_check_errors(variables) == errors

@@ -38,6 +38,7 @@ class Node(cutover.NodeOps):
         self.answers_by_unit, self.records = {}, {}
         self.ask_errors = {}  # unit -> errors its next asks raise, in order (the one after the last answers)
         self.said = {}  # unit -> the root cause its journal names
+        self.ask_timeouts = []
 
     def _step(self, name, *args):
         self.calls.append((name, *args))
@@ -101,8 +102,9 @@ class Node(cutover.NodeOps):
         self._step("stage", params["source"])
         return {"changed": True, "present": False, "replace": {"path": params["replaceable"], "removed": True}, "bytes": 1 << 30}
 
-    def ask(self, engine, prompt, max_tokens):
+    def ask(self, engine, prompt, max_tokens, timeout):
         self._step("ask", engine.unit)
+        self.ask_timeouts.append(timeout)
         if self.ask_errors.get(engine.unit):
             raise self.ask_errors[engine.unit].pop(0)
         text = self.answers_by_unit.get(engine.unit, " Paris, the city of light.")
@@ -570,6 +572,11 @@ def test_a_probe_that_fails_once_is_asked_again_and_the_check_says_so():
     assert result["result"] == "switched" and checked["passed"] and checked["kind"] == "sanity"
     assert checked["retried"] == "/v1/completions for 'The capital of France is': 503 warming up"
     assert [call[1] for call in node.calls if call[0] == "ask"] == ["sglang.service"] * 4, "three probes, the first asked twice"
+    assert node.ask_timeouts == [120.0] * 4, "each probe may take switch_engine_answer_timeout (a first request compiles kernels)"
+    quick = answers.CheckSettings.from_params({"record_dir": "/rec", "probe_timeout": 30})
+    assert quick.probe_timeout == 30 and quick.longest_run == 61
+    with pytest.raises(InvalidInput, match="answer_check.probe_timeout: 1 to 3600 seconds, got 0.5"):
+        answers.CheckSettings.from_params({"probe_timeout": 0.5})
 
 
 def test_an_engine_whose_probes_fail_twice_is_rolled_back_naming_what_it_said():

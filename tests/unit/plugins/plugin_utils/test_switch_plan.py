@@ -35,7 +35,10 @@ def test_with_no_balancer_the_cutover_runs_every_movable_phase_and_gives_the_lea
     # vLLM's unit bound (75 s); its bound covers the preflight and the prewarm run inside the cutover
     assert steps["stop_bound"] == 75
     # each teardown: its stop bound, SIGKILL of its group and a settle (1 s), the holders' TERM and KILL, the memory (_teardown.steps.longest_run)
-    assert steps["cutover_bound"] == 120 + 2 * (75 + 1 + 60 + 30 + 60) + 300 + 600
+    # and the answer checks: the target's and a rollback's, each a probe that times out (120 s) and its retry a second later
+    assert steps["cutover_bound"] == 120 + 2 * (75 + 1 + 60 + 30 + 60) + 300 + 600 + 2 * (2 * 120 + 1)
+    assert switch_plan.plan(settings(answer_check=False), found())["cutover_bound"] == 120 + 2 * (75 + 1 + 60 + 30 + 60) + 300 + 600
+    assert switch_plan.plan(settings(answer_timeout=30), found())["cutover_bound"] == 120 + 2 * (75 + 1 + 60 + 30 + 60) + 300 + 600 + 2 * 61
     assert steps["cutover_lease_seconds"] == 300 + steps["cutover_bound"] + 3 + 30 + switch_plan.PREFLIGHT_BOUND
 
 
@@ -175,7 +178,7 @@ def test_one_quant_of_a_hub_repository_is_staged_alone_and_merged():
 
 def test_no_previous_engine_and_an_explicit_stop_bound():
     steps = switch_plan.plan(settings(stop_timeout=20), found(found=[], serving=[], previous="none"))
-    assert steps["stop_bound"] == 20 and steps["cutover_bound"] == 120 + 2 * (20 + 1 + 60 + 30 + 60) + 300
+    assert steps["stop_bound"] == 20 and steps["cutover_bound"] == 120 + 2 * (20 + 1 + 60 + 30 + 60) + 300 + 2 * (2 * 120 + 1)
     assert switch_plan.plan(settings(), found(found=[], serving=[], previous="none"))["stop_bound"] == switch_plan.DEFAULT_STOP_BOUND
     assert switch_plan.plan(settings(prewarm=False), found())["where"]["prewarm"] == "skip"
 
