@@ -46,10 +46,7 @@ NOT_COVERED = {
 
 
 # Tested, but not all of the catalogue's expectation: what the tests lack (read case by case against the catalogue)
-PARTIAL: dict[str, str] = {
-    "S19": "the unit's final `failed` state is systemd's, after its own TimeoutStopSec (90 s by default), which the case "
-           "does not wait for: the state at the module's deadline (deactivating or failed) is asserted as reported",
-}
+PARTIAL: dict[str, str] = {}
 
 
 def cases_in(text: str) -> list[str]:
