@@ -143,6 +143,14 @@ def test_another_users_gpu_holder_fails_the_holders_check_and_an_escaped_worker_
     assert not alone.failed and alone["holders"]["foreign"] == [] and len(alone["holders"]["escaped"]) == 2
     assert processes.started[0].poll() is None and processes.started[1].poll() is None, "the preflight signals nothing"
 
+    # without CAP_SYS_PTRACE the same node cannot be read whole: the switch stops here, naming the capability once
+    if shutil.which("setpriv"):
+        blind = run_module("engine_preflight", dict(holders_args, outside_units="kill"), env=nvml_env,
+                           prefix=("setpriv", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace", "--"))
+        detail = blind["checks"][0]["detail"]
+        assert blind.failed and detail.startswith("the scan for GPU holders is incomplete: this module runs without CAP_SYS_PTRACE")
+        assert detail.count("CAP_SYS_PTRACE") == 1 and "process(es) may hold the GPUs (pid " in detail
+
 
 def test_an_incomplete_checkpoint_fails_the_model_check_before_anything_is_disrupted(tmp_path, nvml_env):
     """A shard the index names is missing, and another is cut short: both named (a download that stopped halfway)."""

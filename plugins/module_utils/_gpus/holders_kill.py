@@ -289,19 +289,22 @@ def place_holders(plan: KillPlan, request: KillRequest, restart_policy: Callable
 def incomplete_scan_reasons(plan: KillPlan) -> list[str]:
     """Why the scan could not see every process's open files: a capability this process lacks (said once, for every
     process it hides), then the processes whose files could not be read, each named with why (possible_holders)."""
-    reasons = [f"this module runs without {', '.join(plan.missing_capabilities)}: the kernel hides the open files of every "
-               "process it may not trace (another user's, or root's with capabilities it lacks), so a GPU holder cannot be "
-               "ruled out. Run it with that capability (as root on the host, or a container given --cap-add SYS_PTRACE)"
-               for _missing in plan.missing_capabilities[:1]]
+    if plan.missing_capabilities:
+        # said once: every process it hides is a possible holder for the same reason
+        return [f"this module runs without {', '.join(plan.missing_capabilities)}: the kernel hides the open files of every "
+                "process it may not trace (another user's, or root's with capabilities it lacks), so a GPU holder cannot be "
+                "ruled out - " + (f"{len(plan.possible)} process(es) may hold the GPUs ({describe_possible(plan.possible, why=False)}; "
+                                  "see possible_holders). " if plan.possible else "")
+                + "Run it with that capability (as root on the host, or a container given --cap-add SYS_PTRACE)"]
     if plan.possible:
-        reasons.append(f"{len(plan.possible)} process(es) may hold the GPUs ({describe_possible(plan.possible)}; see possible_holders)")
-    return reasons
+        return [f"{len(plan.possible)} process(es) may hold the GPUs ({describe_possible(plan.possible)}; see possible_holders)"]
+    return []
 
 
-def describe_possible(possible: list[dict]) -> str:
-    """pid, command, user, unit and why of the first few possible holders, for a message."""
+def describe_possible(possible: list[dict], why: bool = True) -> str:
+    """pid, command, user, unit (and why) of the first few possible holders, for a message."""
     shown = [f"pid {holder['pid']} {holder.get('comm')} of user {holder.get('user', holder.get('uid'))} in "
-             f"{holder.get('unit') or 'no unit'}: {holder.get('why')}" for holder in possible[:5]]
+             f"{holder.get('unit') or 'no unit'}" + (f": {holder.get('why')}" if why else "") for holder in possible[:5]]
     return "; ".join(shown) + (f"; and {len(possible) - 5} more" if len(possible) > 5 else "")
 
 
