@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 COLLECTION_LINK := collections/ansible_collections/gpufleet/serving
 MODULES := systemd_stop_hard gpu_holders_kill gpu_memory_assert engine_ready engine_drain host_lease engine_preflight weights_prewarm display_text engine_cutover haproxy_join engine_version engine_observe engine_files model_stage report_files job_wait node_teardown
 
-.PHONY: chaos chaos-short chaos-down bench-park help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
+.PHONY: mutants chaos chaos-short chaos-down bench-park help setup os-setup demo demo-real demo-modules bench bench-fleet stress test test-all molecule-gate checks lab-image lint sanity unit docs molecule lab-up lab-down clean
 
 help:
 	@echo "make setup   Debian packages of requirements-os.txt (as root), $(VENV) with requirements-dev.txt, the collection linked in place"
@@ -19,6 +19,7 @@ help:
 	@echo "make sanity  ansible-test sanity on a copy of the tracked tree, no ignore files"
 	@echo "make docs    render every module's documentation with ansible-doc"
 	@echo "make unit    pytest only"
+	@echo "make mutants [FILES=...]  mutation testing of the kill path, sandboxed, into tests/mutation/ledger.json (not CI)"
 	@echo "make stress [ROUNDS=10 LOAD=75]  unit + functional suites ROUNDS times under a CPU load on every core; lists each test that failed once (not CI)"
 	@echo "make chaos [CHAOS_NODES=3] [RUNS=20 SEED=1000 | SEEDS=a,b]  a seeded fault campaign, two faults on every node of every run, on a lab of its own; each failing seed replays"
 	@echo "make chaos-short  the campaign's short schedule (the gate's chaos_short): every fault kind and operation at least once (5 runs)"
@@ -85,6 +86,12 @@ chaos-short:
 
 chaos-down:
 	$(CHAOS_LAB) $(BIN)/python tests/sim/lab.py down
+
+# Mutation testing of the kill path (not CI): cosmic-ray's mutants of each file due (its hash not in the ledger) or of
+# FILES, each run's tests in a PID and mount namespace of its own, two workers; results in tests/mutation/ledger.json
+# (docs/testing.md). `make mutants FILES=plugins/module_utils/_node/lease.py`; `--stale` lists the files due.
+mutants:
+	$(BIN)/python tests/tools/mutants.py $(FILES)
 
 # Flake hunt (not CI): tests/tools/stress.py, figures in docs/testing.md.
 ROUNDS ?= 10

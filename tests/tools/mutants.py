@@ -1,0 +1,222 @@
+"""Mutation testing of the kill path: `make mutants [FILES=...]` (not part of the gate; docs/testing.md).
+
+    python tests/tools/mutants.py [--workers 2] [--limit N] [FILE ...]   run the files due (or those named)
+    python tests/tools/mutants.py --stale                                 list the files whose ledger entry is stale
+
+The tool is cosmic-ray (PyPI): it mutates the source file on disk and runs a test command per mutant, so the
+functional tests - which run the modules in processes of their own, as Ansible does - see each mutant; a tool that
+switches mutants inside one Python process (mutmut 3's trampolines) would not reach them. Its own runner is not used:
+this driver enumerates the mutants with `cosmic-ray init`, then applies each with cosmic-ray's mutate_and_test in a
+throwaway copy of the tree per worker (two workers, one per core), runs only the tests that exercise the file
+(fail-fast), and counts a run past its time bound as detected.
+
+Sandbox: each mutant's tests run as PID 1's children in a PID and mount namespace of their own
+(`unshare --pid --fork --mount-proc --kill-child`): a mutant that signals every process it can see, or PID 1, reaches
+only its own run; when the run ends or times out, the namespace's PID 1 dies and the kernel kills everything in it.
+tests/unit/lab/test_mutants.py proves it with `kill -9 -1` and `kill -9 1` beside a process outside.
+
+The ledger (tests/mutation/ledger.json, committed) keeps per file: its sha256, mutants, killed, survived, timed out,
+incompetent, seconds, and each survivor with its diff line. A survivor is accounted for in tests/mutation/accounted.yml
+(file, operator, occurrence -> equivalent or not worth a test, one line why) or killed by a new test. A file whose hash
+changed is due again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LEDGER = REPO / "tests" / "mutation" / "ledger.json"
+ACCOUNTED = REPO / "tests" / "mutation" / "accounted.yml"
+WORK = REPO / "build" / "mutants"
+MODULE_UTILS = "plugins/module_utils"
+
+# each file of the kill path and the tests that exercise it (the rest of the suite does not import it)
+SCOPE: dict[str, list[str]] = {
+    f"{MODULE_UTILS}/_processes/procfs.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/unit/plugins/module_utils/test_signals.py",
+                                             "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_processes/signals.py": ["tests/unit/plugins/module_utils/test_signals.py", "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_processes/journal.py": ["tests/unit/plugins/module_utils/test_signals.py", "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_gpus/holders.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_gpus/holders_kill.py": ["tests/functional/test_gpu_holders_kill.py", "tests/unit/plugins/module_utils/test_preflight.py"],
+    f"{MODULE_UTILS}/_gpus/memory.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/functional/test_gpu_memory_assert.py"],
+    f"{MODULE_UTILS}/_systemd/stop.py": ["tests/unit/plugins/module_utils/test_systemd.py"],
+    f"{MODULE_UTILS}/_systemd/cgroup.py": ["tests/functional/test_cgroups.py", "tests/unit/plugins/module_utils/test_systemd.py"],
+    f"{MODULE_UTILS}/_systemd/systemctl.py": ["tests/unit/plugins/module_utils/test_systemd.py",
+                                             "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says"],
+    f"{MODULE_UTILS}/_node/lease.py": ["tests/unit/plugins/module_utils/test_lease_and_engine_http.py"],
+    f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/options.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/run.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/steps.py": ["tests/functional/test_node_teardown.py", "tests/unit/plugins/module_utils/test_cutover.py"],
+}
+# a run of a file's tests that takes this many times the unmutated run (and at least MIN_BOUND seconds) is a hang
+BOUND_FACTOR, MIN_BOUND = 3.0, 60.0
+SANDBOX = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_ledger(path: Path = LEDGER) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def stale(ledger: dict, root: Path = REPO, scope=SCOPE) -> list[str]:
+    """The files of the scope whose ledger entry is missing or was made from other contents: due again."""
+    return [name for name in scope if (ledger.get(name) or {}).get("sha256") != file_hash(root / name)]
+
+
+def accounted(path: Path = ACCOUNTED) -> dict[tuple[str, str, int], str]:
+    """(file, operator, occurrence) -> why a survivor needs no test (equivalent, or not worth one)."""
+    entries = yaml.safe_load(path.read_text()) if path.exists() else None
+    return {(entry["file"], entry["operator"], int(entry["occurrence"])): entry["why"] for entry in entries or []}
+
+
+def copy_tree(destination: Path) -> Path:
+    """The tracked and untracked-but-not-ignored files in a throwaway directory: mutants never touch this checkout."""
+    if destination.exists():
+        shutil.rmtree(destination)
+    destination.mkdir(parents=True)
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    packed = subprocess.run(["tar", "--null", "-cf", "-", "-T", "-"], cwd=REPO, input=names, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-xf", "-"], cwd=destination, input=packed, check=True)
+    (destination / ".venv").symlink_to(REPO / ".venv")
+    return destination
+
+
+def test_command(tests: list[str]) -> str:
+    """Fail-fast, quiet, in the sandbox; the collection imported from the copy (conftest links it there)."""
+    return shlex.join([*SANDBOX, sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+
+
+def mutations(tree: Path, name: str) -> list[dict]:
+    """Every mutation cosmic-ray makes of the file: [{operator_name, occurrence, start_pos, ...}]."""
+    with tempfile.TemporaryDirectory() as scratch:
+        config = Path(scratch) / "cr.toml"
+        config.write_text(f'[cosmic-ray]\nmodule-path = "{tree / name}"\ntimeout = 60.0\nexcluded-modules = []\n'
+                          'test-command = "true"\n\n[cosmic-ray.distributor]\nname = "local"\n')
+        session = Path(scratch) / "session.sqlite"
+        subprocess.run([str(Path(sys.executable).parent / "cosmic-ray"), "init", str(config), str(session)], check=True, capture_output=True)
+        dump = subprocess.run([str(Path(sys.executable).parent / "cosmic-ray"), "dump", str(session)], check=True, capture_output=True, text=True)
+    found = [json.loads(line)[0]["mutations"][0] for line in dump.stdout.splitlines() if line.strip()]
+    return sorted(found, key=lambda item: (item["start_pos"], item["operator_name"], item["occurrence"]))
+
+
+def run_one(tree: Path, name: str, item: dict, tests: list[str], bound: float) -> dict:
+    """One mutant in its worker's tree: applied by cosmic-ray, its tests run in the sandbox, the file restored."""
+    from cosmic_ray.mutating import mutate_and_test
+    from cosmic_ray.work_item import MutationSpec
+
+    target = tree / name
+    original = target.read_bytes()
+    spec = MutationSpec(module_path=target, operator_name=item["operator_name"], occurrence=item["occurrence"],
+                        start_pos=tuple(item["start_pos"]), end_pos=tuple(item["end_pos"]))
+    started = time.monotonic()
+    cwd = os.getcwd()
+    try:
+        os.chdir(tree)  # cosmic-ray runs the command where it is
+        result = mutate_and_test([spec], test_command(tests), bound)
+    finally:
+        os.chdir(cwd)
+        target.write_bytes(original)  # whatever happened, the next mutant starts from the file as it is
+    seconds = time.monotonic() - started
+    outcome = str(result.test_outcome.value) if result.test_outcome else str(result.worker_outcome.value)
+    if outcome == "killed" and (result.output or "") == "timeout":
+        outcome = "timed_out"
+    changed = [line for line in (result.diff or "").splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return {"operator": item["operator_name"], "occurrence": item["occurrence"], "line": item["start_pos"][0], "outcome": outcome,
+            "change": changed[0][1:].strip() if changed else None, "seconds": round(seconds, 1)}
+
+
+def baseline(tree: Path, tests: list[str]) -> float:
+    started = time.monotonic()
+    done = subprocess.run(shlex.split(test_command(tests)), cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the unmutated tests fail in the sandbox ({' '.join(tests)}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    return time.monotonic() - started
+
+
+def run_file(name: str, workers: int, limit: int | None, log) -> dict:
+    """Every mutant of one file, `workers` at a time (each worker its own tree); its ledger entry."""
+    tests = SCOPE[name]
+    trees = [copy_tree(WORK / f"worker-{index}") for index in range(workers)]
+    unmutated = baseline(trees[0], tests)
+    bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
+    items = mutations(trees[0], name)[:limit]
+    log(f"{name}: {len(items)} mutants, the unmutated tests {unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
+    free = list(trees)
+    results = []
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        def job(item: dict) -> dict:
+            tree = free.pop()
+            try:
+                return run_one(tree, name, item, tests, bound)
+            finally:
+                free.append(tree)
+        for index, outcome in enumerate(pool.map(job, items), 1):
+            results.append(outcome)
+            if outcome["outcome"] not in ("killed", "timed_out"):
+                log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
+                    f" ({outcome['change']})")
+    return ledger_entry(name, results, time.monotonic() - started, unmutated)
+
+
+def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: float) -> dict:
+    counts = {outcome: sum(1 for result in results if result["outcome"] == outcome) for outcome in ("killed", "timed_out", "survived", "incompetent")}
+    reasons = accounted()
+    survivors = [dict(operator=result["operator"], occurrence=result["occurrence"], line=result["line"], change=result["change"],
+                      accounted=reasons.get((name, result["operator"], result["occurrence"])))
+                 for result in results if result["outcome"] == "survived"]
+    equivalent = sum(1 for survivor in survivors if survivor["accounted"])
+    detected = counts["killed"] + counts["timed_out"]
+    assessed = len(results) - counts["incompetent"] - equivalent
+    return {"sha256": file_hash(REPO / name), "tests": SCOPE[name], "mutants": len(results), **counts, "accounted": equivalent,
+            "score": round(detected / assessed, 3) if assessed else None, "seconds": round(seconds), "unmutated_tests_s": round(unmutated, 1),
+            "date": time.strftime("%Y-%m-%d"), "survivors": survivors}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", help="files of the scope (default: those due)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--limit", type=int, help="only the first N mutants of each file (a try; not written to the ledger)")
+    parser.add_argument("--stale", action="store_true", help="list the files due again and exit")
+    args = parser.parse_args(argv)
+    ledger = read_ledger()
+    due = stale(ledger)
+    if args.stale:
+        print("\n".join(due) or "every file of the scope is in the ledger at its current hash")
+        return 0
+    unknown = [name for name in args.files if name not in SCOPE]
+    if unknown:
+        raise SystemExit(f"not in the mutation scope: {', '.join(unknown)}; the scope: {', '.join(SCOPE)}")
+    for name in args.files or due:
+        entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True))
+        print(f"{name}: {entry['mutants']} mutants, {entry['killed']} killed, {entry['timed_out']} timed out, {entry['survived']} survived "
+              f"({entry['accounted']} accounted for), score {entry['score']}, {entry['seconds']} s", flush=True)
+        if args.limit is None:
+            ledger = read_ledger()
+            ledger[name] = entry
+            LEDGER.parent.mkdir(parents=True, exist_ok=True)
+            LEDGER.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

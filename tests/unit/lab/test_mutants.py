@@ -1,0 +1,79 @@
+"""The mutation instrument (tests/tools/mutants.py): its sandbox holds, and its ledger says which files are due again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+import warnings
+
+import mutants
+import pytest
+from conftest import REPO, alive, wait_for
+
+
+def sandboxed(script: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*mutants.SANDBOX, "sh", "-c", script], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def sandbox_available():
+    if shutil.which("unshare") is None or sandboxed("true").returncode != 0:
+        pytest.skip("needs unshare with PID and mount namespaces (root)")
+
+
+def test_a_mutant_that_signals_every_process_it_sees_or_pid_1_harms_nothing_outside(sandbox_available):
+    """What a mutant of the kill path can do at its worst - SIGKILL to PID 1 and to every process it may signal
+    (kill(-1)), from the namespace's PID 1 and from a child of it - reaches its own run only: a process outside, and
+    this test runner, live on; inside, the mutant's own sibling dies."""
+    outside = subprocess.Popen(["sleep", "300"])
+    try:
+        done = sandboxed("sleep 300 & sibling=$!; python3 -c 'import os, signal; os.kill(-1, signal.SIGKILL)'; "
+                         "kill -9 1; kill -9 -1; sleep 0.2; kill -0 $sibling 2>/dev/null && echo sibling-alive || echo sibling-dead")
+        assert "sibling-dead" in done.stdout, done.stdout + done.stderr
+        assert alive(outside.pid), "a process outside the sandbox was signalled"
+    finally:
+        outside.kill()
+        outside.wait()
+
+
+def test_a_sandboxed_run_past_its_bound_leaves_no_process_behind(sandbox_available):
+    """A mutant that hangs its tests is stopped at its bound: the namespace's PID 1 dies with the sandbox, and the
+    kernel kills every process in it - background children included."""
+    marker = f"gpufleet-mutant-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper = f"python3 -c 'import time; time.sleep(300)' {marker}"
+        subprocess.run([*mutants.SANDBOX, "sh", "-c", f"{sleeper} & {sleeper} & wait"], timeout=1, check=False, capture_output=True)
+
+    def gone() -> bool:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False).returncode == 1
+    wait_for(gone, f"processes of a timed-out sandbox ({marker}) still run")
+
+
+def test_the_ledger_names_the_files_due_again(tmp_path):
+    """A file whose contents changed since its entry, or that has none, is due again; the current ones are named here."""
+    source = tmp_path / "plugins" / "a.py"
+    source.parent.mkdir()
+    source.write_text("x = 1\n")
+    scope = {"plugins/a.py": [], "plugins/b.py": []}
+    (tmp_path / "plugins" / "b.py").write_text("y = 2\n")
+    ledger = {"plugins/a.py": {"sha256": mutants.file_hash(source)}}
+    assert mutants.stale(ledger, tmp_path, scope) == ["plugins/b.py"]
+    source.write_text("x = 2\n")
+    assert mutants.stale(ledger, tmp_path, scope) == ["plugins/a.py", "plugins/b.py"]
+
+    due = mutants.stale(mutants.read_ledger())
+    if due:
+        warnings.warn(f"mutation ledger: due again (make mutants): {', '.join(due)}", stacklevel=1)
+    assert set(due) <= set(mutants.SCOPE)
+
+
+def test_every_file_of_the_scope_and_its_tests_exist_and_the_ledger_reads():
+    for name, tests in mutants.SCOPE.items():
+        assert (REPO / name).is_file(), name
+        assert tests and all((REPO / test.split("::")[0]).is_file() for test in tests), (name, tests)
+    for name, entry in mutants.read_ledger().items():
+        assert name in mutants.SCOPE and entry["mutants"] == entry["killed"] + entry["timed_out"] + entry["survived"] + entry["incompetent"]
+        assert all(json.dumps(survivor) for survivor in entry["survivors"])
+    assert isinstance(mutants.accounted(), dict)
