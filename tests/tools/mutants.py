@@ -55,8 +55,10 @@ SCOPE: dict[str, list[str]] = {
     f"{MODULE_UTILS}/_gpus/memory.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/functional/test_gpu_memory_assert.py"],
     f"{MODULE_UTILS}/_systemd/stop.py": ["tests/unit/plugins/module_utils/test_systemd.py"],
     f"{MODULE_UTILS}/_systemd/cgroup.py": ["tests/functional/test_cgroups.py", "tests/unit/plugins/module_utils/test_systemd.py"],
-    f"{MODULE_UTILS}/_systemd/systemctl.py": ["tests/unit/plugins/module_utils/test_systemd.py",
-                                             "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says"],
+    f"{MODULE_UTILS}/_systemd/systemctl.py": [
+        "tests/unit/plugins/module_utils/test_systemd.py",
+        "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says",
+    ],
     f"{MODULE_UTILS}/_node/lease.py": ["tests/unit/plugins/module_utils/test_lease_and_engine_http.py"],
     f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/options.py": ["tests/functional/test_node_teardown.py"],
@@ -76,7 +78,7 @@ def read_ledger(path: Path = LEDGER) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def stale(ledger: dict, root: Path = REPO, scope=SCOPE) -> list[str]:
+def stale(ledger: dict, root: Path = REPO, scope: tuple[str, ...] = tuple(SCOPE)) -> list[str]:
     """The files of the scope whose ledger entry is missing or was made from other contents: due again."""
     return [name for name in scope if (ledger.get(name) or {}).get("sha256") != file_hash(root / name)]
 
