@@ -148,8 +148,15 @@ def campaign_jobs(path: Path) -> list[dict]:
         return []
     for job in jobs:
         job["alive"] = signal_witness.start_time(job["pid"]) == job["start_time"]
-        job["signals"] = Path(job["witness"]).read_text(encoding="utf-8").split() if Path(job["witness"]).exists() else []
+        job["signals"] = witnessed_signals(Path(job["witness"]))
     return jobs
+
+
+def witnessed_signals(path: Path) -> list[str]:
+    """The signal names a witness wrote down, in order: a holder writes "SIGTERM <sender pid>", the respawner the name."""
+    if not path.exists():
+        return []
+    return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def journal(since: float) -> list[dict]:

@@ -102,8 +102,10 @@ def copy_tree(destination: Path) -> Path:
 
 
 def test_command(tests: list[str]) -> str:
-    """Fail-fast, quiet, in the sandbox; the collection imported from the copy (conftest links it there)."""
-    return shlex.join([*SANDBOX, sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    """Fail-fast, quiet, in the sandbox; the collection imported from the copy (conftest links it there). pytest runs
+    under a shell that is the namespace's PID 1 - never PID 1 itself, as outside: tests read their own parent."""
+    pytest_run = shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    return shlex.join([*SANDBOX, "sh", "-c", f"{pytest_run}; exit $?"])
 
 
 def mutations(tree: Path, name: str) -> list[dict]:

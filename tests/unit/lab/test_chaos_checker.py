@@ -3,6 +3,7 @@ and the signal witness on real processes and real signals."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ sys.path.insert(0, str(REPO / "tests" / "chaos"))
 sys.path.insert(0, str(REPO / "tests" / "sim"))
 
 import invariants  # noqa: E402
+import node_state  # noqa: E402
 import schedule  # noqa: E402
 import signal_witness  # noqa: E402
 
@@ -195,6 +197,26 @@ def test_an_escaped_worker_is_killed_by_a_teardown_with_every_signal_journalled_
     assert "touched by a run that tears nothing down" in invariants.escaped_worker(
         "node1", node(escaped=[job], journal=[intent]), torn_down=False)[0]
     assert invariants.escaped_worker("node1", node(escaped=[dict(job, alive=True, signals=[])]), torn_down=False) == []
+
+
+def test_a_holders_witness_file_is_read_as_the_signals_it_took(tmp_path, processes):
+    """The campaign's escaped workers and foreign jobs are gpu_holder.py --witness processes: their file says
+    "SIGTERM <sender>" a line (the respawner's the name alone). The checker reads signal names, never a sender pid as
+    a signal - a teardown whose every signal was journalled is no violation."""
+    witness = tmp_path / "escaped.witness"
+    proc, (pid,) = processes.holder("--witness", str(witness))
+    start_time = signal_witness.start_time(pid)
+    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGTERM)
+    assert proc.wait(10) == 0
+    with witness.open("a", encoding="ascii") as respawner_line:
+        respawner_line.write("SIGHUP\n")
+    record = tmp_path / "escaped.json"
+    record.write_text(json.dumps([{"pid": pid, "start_time": start_time, "witness": str(witness)}]))
+    (job,) = node_state.campaign_jobs(record)
+    assert job["signals"] == ["SIGUSR1", "SIGTERM", "SIGHUP"] and job["alive"] is False
+    journal = [{"phase": "intent", "pid": pid, "start_time": start_time, "signal": name, "time": 1.0} for name in job["signals"]]
+    assert invariants.escaped_worker("node1", node(escaped=[job], journal=journal), torn_down=True) == []
 
 
 def test_a_restart_is_told_by_the_boot_id_or_by_a_container_nodes_pid_1_started_again():
