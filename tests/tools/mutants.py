@@ -24,6 +24,7 @@ changed is due again.
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import hashlib
 import json
@@ -56,6 +57,7 @@ SCOPE: dict[str, list[str]] = {
     f"{MODULE_UTILS}/_systemd/stop.py": ["tests/unit/plugins/module_utils/test_systemd.py"],
     f"{MODULE_UTILS}/_systemd/cgroup.py": ["tests/functional/test_cgroups.py", "tests/unit/plugins/module_utils/test_systemd.py"],
     f"{MODULE_UTILS}/_systemd/systemctl.py": [
+        "tests/unit/plugins/module_utils/test_systemctl.py",
         "tests/unit/plugins/module_utils/test_systemd.py",
         "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says",
     ],
@@ -121,6 +123,30 @@ def mutations(tree: Path, name: str) -> list[dict]:
     return sorted(found, key=lambda item: (item["start_pos"], item["operator_name"], item["occurrence"]))
 
 
+def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the file's annotations are, when `from __future__ import annotations` keeps them from ever being
+    evaluated: a mutant there cannot change behaviour (equivalent), so it is not run."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    postponed = any(isinstance(node, ast.ImportFrom) and node.module == "__future__" and any(alias.name == "annotations" for alias in node.names)
+                    for node in tree.body)
+    if not postponed:
+        return []
+    annotations = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            annotations.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            annotations.append(node.returns)
+        elif isinstance(node, ast.AnnAssign) and not isinstance(node.target, ast.Attribute):
+            annotations.append(node.annotation)
+    return [((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset)) for node in annotations]
+
+
+def in_annotation(item: dict, spans) -> bool:
+    start, end = tuple(item["start_pos"]), tuple(item["end_pos"])
+    return any(first <= start and end <= last for first, last in spans)
+
+
 def run_one(tree: Path, name: str, item: dict, tests: list[str], bound: float) -> dict:
     """One mutant in its worker's tree: applied by cosmic-ray, its tests run in the sandbox, the file restored."""
     from cosmic_ray.mutating import mutate_and_test
@@ -161,8 +187,12 @@ def run_file(name: str, workers: int, limit: int | None, log) -> dict:
     trees = [copy_tree(WORK / f"worker-{index}") for index in range(workers)]
     unmutated = baseline(trees[0], tests)
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
-    items = mutations(trees[0], name)[:limit]
-    log(f"{name}: {len(items)} mutants, the unmutated tests {unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
+    spans = annotation_spans(REPO / name)
+    every = mutations(trees[0], name)
+    items = [item for item in every if not in_annotation(item, spans)][:limit]
+    annotations = len(every) - len([item for item in every if not in_annotation(item, spans)])
+    log(f"{name}: {len(items)} mutants ({annotations} more in annotations, never evaluated: not run), the unmutated tests "
+        f"{unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
     free = list(trees)
     results = []
     started = time.monotonic()
@@ -178,10 +208,10 @@ def run_file(name: str, workers: int, limit: int | None, log) -> dict:
             if outcome["outcome"] not in ("killed", "timed_out"):
                 log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
                     f" ({outcome['change']})")
-    return ledger_entry(name, results, time.monotonic() - started, unmutated)
+    return ledger_entry(name, results, time.monotonic() - started, unmutated, annotations)
 
 
-def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: float) -> dict:
+def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: float, annotations: int = 0) -> dict:
     counts = {outcome: sum(1 for result in results if result["outcome"] == outcome) for outcome in ("killed", "timed_out", "survived", "incompetent")}
     reasons = accounted()
     survivors = [dict(operator=result["operator"], occurrence=result["occurrence"], line=result["line"], change=result["change"],
@@ -191,6 +221,7 @@ def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: floa
     detected = counts["killed"] + counts["timed_out"]
     assessed = len(results) - counts["incompetent"] - equivalent
     return {"sha256": file_hash(REPO / name), "tests": SCOPE[name], "mutants": len(results), **counts, "accounted": equivalent,
+            "in_annotations": annotations,
             "score": round(detected / assessed, 3) if assessed else None, "seconds": round(seconds), "unmutated_tests_s": round(unmutated, 1),
             "date": time.strftime("%Y-%m-%d"), "survivors": survivors}
 

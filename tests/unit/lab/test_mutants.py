@@ -77,3 +77,19 @@ def test_every_file_of_the_scope_and_its_tests_exist_and_the_ledger_reads():
         assert name in mutants.SCOPE and entry["mutants"] == entry["killed"] + entry["timed_out"] + entry["survived"] + entry["incompetent"]
         assert all(json.dumps(survivor) for survivor in entry["survivors"])
     assert isinstance(mutants.accounted(), dict)
+
+
+def test_a_mutant_inside_an_annotation_is_equivalent_only_where_annotations_are_never_evaluated(tmp_path):
+    """`from __future__ import annotations`: `str | None` mutated to `str + None` changes nothing, so it is not run;
+    without the import the annotation is evaluated at definition and the mutant is a real one."""
+    body = "def f(x: str | None, n: int = 3) -> list[str]:\n    return [x] * (n | 1)\n"
+    postponed, evaluated = tmp_path / "postponed.py", tmp_path / "evaluated.py"
+    postponed.write_text("from __future__ import annotations\n\n" + body)
+    evaluated.write_text(body)
+    in_annotation = {"start_pos": [3, 13], "end_pos": [3, 14]}  # the `|` of `str | None`
+    in_code = {"start_pos": [4, 20], "end_pos": [4, 21]}  # the `|` of `n | 1`
+    assert postponed.read_text().splitlines()[2][13] == "|" and postponed.read_text().splitlines()[3][20] == "|"
+    spans = mutants.annotation_spans(postponed)
+    assert mutants.in_annotation(in_annotation, spans) and not mutants.in_annotation(in_code, spans)
+    assert mutants.in_annotation({"start_pos": [3, 40], "end_pos": [3, 41]}, spans), "the return annotation"
+    assert mutants.annotation_spans(evaluated) == []
