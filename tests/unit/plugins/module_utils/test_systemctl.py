@@ -13,7 +13,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Co
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import systemctl as systemd_systemctl
 
 # Each call appends {"argv", "env"} to calls.jsonl; the answer comes from answers/<systemctl's verb, or "journal">:
-# "<rc>\n<stdout>", or the stand-in kills itself with the signal named in answers/<word>.signal.
+# "<rc>\n<stdout>"; after printing, the stand-in kills itself with the signal named in answers/<word>.signal.
 STAND_IN = r"""#!/usr/bin/python3
 import json, os, signal, sys
 here = os.path.dirname(os.path.abspath(__file__))
@@ -22,11 +22,12 @@ with open(os.path.join(here, "calls.jsonl"), "a") as calls:
                             "env": {k: os.environ.get(k) for k in ("LC_ALL", "LANG", "SYSTEMD_PAGER", "SYSTEMD_COLORS")}}) + "\n")
 word = "journal" if sys.argv[0].endswith("journalctl") else next(arg for arg in sys.argv[1:] if not arg.startswith("-"))
 answer = os.path.join(here, "answers", word)
-if os.path.exists(answer + ".signal"):
-    os.kill(os.getpid(), getattr(signal, open(answer + ".signal").read().strip()))
 rc, _, out = open(answer).read().partition("\n") if os.path.exists(answer) else ("0", "", "")
 sys.stdout.write(out)
 sys.stderr.write(open(answer + ".err").read() if os.path.exists(answer + ".err") else "")
+sys.stdout.flush()
+if os.path.exists(answer + ".signal"):  # what it printed so far is out; then a signal ends it
+    os.kill(os.getpid(), getattr(signal, open(answer + ".signal").read().strip()))
 sys.exit(int(rc))
 """
 
@@ -107,8 +108,9 @@ def test_the_journal_is_the_units_messages_or_nothing_when_journalctl_cannot_say
     for rc in (1, 4):
         stand_in.answer("journal", rc, "No journal files were found.\n")
         assert stand_in.systemctl.journal("vllm.service") == []
+    stand_in.answer("journal", 0, "half a line")
     stand_in.killed_by("journal", "SIGKILL")
-    assert stand_in.systemctl.journal("vllm.service") == []
+    assert stand_in.systemctl.journal("vllm.service") == [], "a journalctl killed halfway says nothing"
 
 
 def test_unit_file_state_is_the_last_line_systemctl_prints(stand_in):
@@ -128,6 +130,8 @@ def test_unit_state_tells_a_unit_waiting_to_restart_from_one_that_runs(stand_in)
     assert stand_in.systemctl.unit_state("vllm.service") == "activating"
     stand_in.answer("show", 0, "Id=vllm.service\nSubState=dead\n")
     assert stand_in.systemctl.unit_state("vllm.service") == "unknown"
+    stand_in.answer("show", 0, "Id=vllm.service\nActiveState=active\n")  # no SubState: the ActiveState
+    assert stand_in.systemctl.unit_state("vllm.service") == "active"
     stand_in.answer("show", 1, err="Failed to connect to bus\n")
     assert stand_in.systemctl.unit_state("vllm.service") == "unknown"
 
@@ -151,3 +155,26 @@ def test_set_boot_compares_unit_names_by_value(stand_in):
         "enabled": ["sglang.service"], "disabled": [], "at_boot": serving}
     assert [call["argv"][1:] for call in stand_in.calls() if call["argv"][1] != "is-enabled"] == [
         ["enable", "--no-reload", "--", "sglang.service"], ["daemon-reload"]]
+
+
+def test_set_boot_leaves_alone_what_it_cannot_or_need_not_change_and_makes_a_runtime_enable_lasting(stand_in):
+    """Switching back to vLLM (a name that sorts after the other): SGLang, enabled, is disabled; a unit only enabled in
+    /run (enabled-runtime) is enabled for good; a static or masked unit - never `enabled` - is left as it is."""
+    states = {"sglang.service": "enabled", "vllm.service": "enabled-runtime", "helper.service": "static", "old.service": "masked"}
+
+    def is_enabled(argv, environ_update=None):  # each unit's own answer; every other call to the stand-in
+        if argv[1] == "is-enabled":
+            return 0, states[argv[-1]] + "\n", ""
+        return run_command(argv, environ_update)
+    systemctl = systemd_systemctl.Systemctl(is_enabled, stand_in.systemctl.binary)
+    assert systemctl.set_boot("vllm.service", list(states)) == {"enabled": ["vllm.service"], "disabled": ["sglang.service"],
+                                                                "at_boot": "vllm.service"}
+    assert [call["argv"][1:] for call in stand_in.calls()[-3:]] == [
+        ["enable", "--no-reload", "--", "vllm.service"], ["disable", "--no-reload", "--", "sglang.service"], ["daemon-reload"]]
+
+
+def test_set_boot_never_disables_the_serving_unit_named_by_an_equal_string(stand_in):
+    stand_in.answer("is-enabled", 0, "enabled\n")
+    serving = json.loads('"vllm.service"')
+    assert stand_in.systemctl.set_boot(serving, ["vllm.service"]) == {"enabled": [], "disabled": [], "at_boot": serving}
+    assert all(call["argv"][1] == "is-enabled" for call in stand_in.calls())
