@@ -2,6 +2,7 @@
 
     python tests/tools/mutants.py [--workers 2] [--limit N] [FILE ...]   run the files due (or those named)
     python tests/tools/mutants.py --stale                                 list the files whose ledger entry is stale
+    python tests/tools/mutants.py --table                                 the ledger as docs/results/mutation.md shows it
 
 The tool is cosmic-ray (PyPI): it mutates the source file on disk and runs a test command per mutant, so the
 functional tests - which run the modules in processes of their own, as Ansible does - see each mutant; a tool that
@@ -61,7 +62,7 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_systemd.py",
         "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says",
     ],
-    f"{MODULE_UTILS}/_node/lease.py": ["tests/unit/plugins/module_utils/test_lease_and_engine_http.py"],
+    f"{MODULE_UTILS}/_node/lease.py": ["tests/unit/plugins/module_utils/test_lease_and_engine_http.py", "tests/unit/plugins/module_utils/test_readiness.py"],
     f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/options.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/run.py": ["tests/functional/test_node_teardown.py"],
@@ -103,11 +104,12 @@ def copy_tree(destination: Path) -> Path:
     return destination
 
 
-def test_command(tests: list[str]) -> str:
-    """Fail-fast, quiet, in the sandbox; the collection imported from the copy (conftest links it there). pytest runs
+def test_command(tree: Path, tests: list[str]) -> str:
+    """Fail-fast, quiet, in the sandbox, in the worker's own tree (the collection imported from it: conftest links it
+    there). The directory is part of the command, never the driver's cwd - one for every worker thread. pytest runs
     under a shell that is the namespace's PID 1 - never PID 1 itself, as outside: tests read their own parent."""
     pytest_run = shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
-    return shlex.join([*SANDBOX, "sh", "-c", f"{pytest_run}; exit $?"])
+    return shlex.join([*SANDBOX, "sh", "-c", f"cd {shlex.quote(str(tree))} && {pytest_run}; exit $?"])
 
 
 def mutations(tree: Path, name: str) -> list[dict]:
@@ -157,12 +159,9 @@ def run_one(tree: Path, name: str, item: dict, tests: list[str], bound: float) -
     spec = MutationSpec(module_path=target, operator_name=item["operator_name"], occurrence=item["occurrence"],
                         start_pos=tuple(item["start_pos"]), end_pos=tuple(item["end_pos"]))
     started = time.monotonic()
-    cwd = os.getcwd()
     try:
-        os.chdir(tree)  # cosmic-ray runs the command where it is
-        result = mutate_and_test([spec], test_command(tests), bound)
+        result = mutate_and_test([spec], test_command(tree, tests), bound)
     finally:
-        os.chdir(cwd)
         target.write_bytes(original)  # whatever happened, the next mutant starts from the file as it is
     seconds = time.monotonic() - started
     outcome = str(result.test_outcome.value) if result.test_outcome else str(result.worker_outcome.value)
@@ -175,7 +174,8 @@ def run_one(tree: Path, name: str, item: dict, tests: list[str], bound: float) -
 
 def baseline(tree: Path, tests: list[str]) -> float:
     started = time.monotonic()
-    done = subprocess.run(shlex.split(test_command(tests)), cwd=tree, capture_output=True, text=True, check=False)
+    done = subprocess.run(shlex.split(test_command(tree, tests)), capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})  # as cosmic-ray runs them: no stale .pyc
     if done.returncode != 0:
         raise SystemExit(f"the unmutated tests fail in the sandbox ({' '.join(tests)}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     return time.monotonic() - started
@@ -226,15 +226,36 @@ def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: floa
             "date": time.strftime("%Y-%m-%d"), "survivors": survivors}
 
 
+def table(ledger: dict) -> str:
+    """The ledger as docs/results/mutation.md shows it: a row per file of the scope, due files marked."""
+    due = set(stale(ledger))
+    rows = ["| file | mutants | killed | timed out | survived (accounted) | score | minutes on 2 cores | its tests, unmutated | at |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name in SCOPE:
+        entry = ledger.get(name)
+        short = name.removeprefix(f"{MODULE_UTILS}/")
+        if entry is None:
+            rows.append(f"| `{short}` | - | - | - | - | - | - | - | not yet run |")
+            continue
+        rows.append(f"| `{short}` | {entry['mutants']} | {entry['killed']} | {entry['timed_out']} | {entry['survived']} ({entry['accounted']}) "
+                    f"| {entry['score']:.1%} | {entry['seconds'] / 60:.1f} | {entry['unmutated_tests_s']} s | "
+                    f"{entry['date']}{' (due again: changed since)' if name in due else ''} |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="files of the scope (default: those due)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limit", type=int, help="only the first N mutants of each file (a try; not written to the ledger)")
     parser.add_argument("--stale", action="store_true", help="list the files due again and exit")
+    parser.add_argument("--table", action="store_true", help="print the ledger as a Markdown table and exit")
     args = parser.parse_args(argv)
     ledger = read_ledger()
     due = stale(ledger)
+    if args.table:
+        print(table(ledger), end="")
+        return 0
     if args.stale:
         print("\n".join(due) or "every file of the scope is in the ledger at its current hash")
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import uuid
@@ -93,3 +94,26 @@ def test_a_mutant_inside_an_annotation_is_equivalent_only_where_annotations_are_
     assert mutants.in_annotation(in_annotation, spans) and not mutants.in_annotation(in_code, spans)
     assert mutants.in_annotation({"start_pos": [3, 40], "end_pos": [3, 41]}, spans), "the return annotation"
     assert mutants.annotation_spans(evaluated) == []
+
+
+def test_the_results_page_shows_the_ledger_as_it_is():
+    """docs/results/mutation.md carries the ledger's table (python tests/tools/mutants.py --table): never a figure
+    the ledger does not hold."""
+    page = (REPO / "docs" / "results" / "mutation.md").read_text(encoding="utf-8")
+    assert mutants.table(mutants.read_ledger()) in page, "docs/results/mutation.md: paste `python tests/tools/mutants.py --table`"
+
+
+def test_each_workers_tests_run_in_its_own_tree_whatever_the_drivers_directory(tmp_path, sandbox_available):
+    """The workers are threads of one process, which has one working directory: each mutant's command carries its
+    tree, or one worker's tests would run against the other's mutant (this happened: mutants reported surviving)."""
+    trees = {}
+    for name in ("worker-0", "worker-1"):
+        tree = tmp_path / name
+        tree.mkdir()
+        (tree / "test_where.py").write_text(f"import os\n\ndef test_here():\n    assert os.path.basename(os.getcwd()) == {name!r}\n")
+        trees[name] = tree
+    for name, tree in trees.items():
+        other = trees["worker-1" if name == "worker-0" else "worker-0"]
+        done = subprocess.run(shlex.split(mutants.test_command(tree, ["test_where.py"])), cwd=other, capture_output=True, text=True,
+                              check=False, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
