@@ -141,12 +141,12 @@ def test_the_smallest_valid_request_is_taken_as_given():
 
 def test_take_reports_how_long_it_waited_and_renews_its_own_lease(leases, clocks):
     leases.acquire("zz-holder", 600, 0)
-    ticks = iter([1000.0, 1004.0])
-    with pytest.raises(LockTimeout, match=r"switch_engine is held by zz-holder \(taken 0s ago, expires in 600s\); waited 4s") as raised:
+    ticks = iter([3.0, 10.0])  # 7 s: neither a ratio nor a remainder of the two readings
+    with pytest.raises(LockTimeout, match=r"switch_engine is held by zz-holder \(taken 0s ago, expires in 600s\); waited 7s") as raised:
         take(LeaseRequest.from_params(dict(REQUEST, owner="aa-run")), leases, False, still_wanted=lambda: True, clock=lambda: next(ticks))
-    assert raised.value.context["waited"] == 4.0
+    assert raised.value.context["waited"] == 7.0
     assert leases.release("zz-holder")
-    ticks = iter([50.0, 52.5])
+    ticks = iter([2.0, 4.5])
     first = take(LeaseRequest.from_params(REQUEST), leases, False, still_wanted=lambda: True, clock=lambda: next(ticks))
     assert first["changed"] and first["waited"] == 2.5
     renewal = take(LeaseRequest.from_params(dict(REQUEST, owner=json.loads('"run-a"'))), leases, False, still_wanted=lambda: True)
