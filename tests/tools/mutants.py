@@ -62,8 +62,11 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_systemd.py",
         "tests/functional/test_gpu_holders_kill.py::test_a_holder_that_is_the_main_process_of_a_restarting_service_is_refused_by_what_systemctl_says",
     ],
-    f"{MODULE_UTILS}/_node/lease.py": ["tests/unit/plugins/module_utils/test_lease.py", "tests/unit/plugins/module_utils/test_lease_and_engine_http.py",
-                                      "tests/unit/plugins/module_utils/test_readiness.py"],
+    f"{MODULE_UTILS}/_node/lease.py": [
+        "tests/unit/plugins/module_utils/test_lease.py",
+        "tests/unit/plugins/module_utils/test_lease_and_engine_http.py",
+        "tests/unit/plugins/module_utils/test_readiness.py",
+    ],
     f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/options.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/run.py": ["tests/functional/test_node_teardown.py"],

@@ -4,7 +4,8 @@ long a second run waits - the cases its mutants showed untested. Units are read 
 from __future__ import annotations
 
 import pytest
-from test_systemd import FakeSystemd, RecordingSignaller, run_stop, unit_processes  # noqa: F401 - a fixture
+import test_systemd
+from test_systemd import FakeSystemd, RecordingSignaller, run_stop
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcReader
@@ -12,6 +13,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import c
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd import stop as systemd_stop
 from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.units import UnitState, parse_show
 
+unit_processes = test_systemd.unit_processes  # the fixture: real processes, killed after the test
 EMPTY = systemd_cgroup.Cgroup(None, ProcReader())
 
 
@@ -95,7 +97,7 @@ def stop_triggers_with(fake: FakeSystemd, clock: VirtualClock) -> systemd_stop.S
     return outcome
 
 
-def test_a_trigger_that_stops_at_once_is_not_waited_for_and_a_stuck_one_to_the_stop_timeout(unit_processes):  # noqa: F811
+def test_a_trigger_that_stops_at_once_is_not_waited_for_and_a_stuck_one_to_the_stop_timeout(unit_processes):
     clock = VirtualClock()
     stopped = stop_triggers_with(FakeSystemd([unit_processes()], triggers={"engine.socket": "active"}), clock)
     assert stopped.triggers_stopped == ["engine.socket"] and stopped.errors == [] and clock.slept == 0.0
@@ -105,13 +107,13 @@ def test_a_trigger_that_stops_at_once_is_not_waited_for_and_a_stuck_one_to_the_s
     assert clock.slept == pytest.approx(4.0), "a trigger still deactivating is waited for to the bound"
 
 
-def test_the_unit_is_disabled_only_when_asked(unit_processes):  # noqa: F811
+def test_the_unit_is_disabled_only_when_asked(unit_processes):
     fake = FakeSystemd([unit_processes()])
     outcome = run_stop(fake)
     assert "disable" not in fake.calls and outcome.restarted is False and outcome.errors == []
 
 
-def test_a_leftover_is_told_to_terminate_once_then_killed_at_the_deadline(unit_processes):  # noqa: F811
+def test_a_leftover_is_told_to_terminate_once_then_killed_at_the_deadline(unit_processes):
     """KillMode=none: the unit is down, a leftover ignores SIGTERM. It gets one SIGTERM (and SIGCONT) - not one per
     poll - and the group's SIGKILL when stop_timeout ends."""
     main, stubborn = unit_processes(), unit_processes(ignore_term=True)
@@ -123,7 +125,7 @@ def test_a_leftover_is_told_to_terminate_once_then_killed_at_the_deadline(unit_p
     assert outcome.escalated and [m["pid"] for m in outcome.killed] == [stubborn.pid]
 
 
-def test_a_restart_is_told_by_any_new_invocation_whichever_way_its_id_sorts(unit_processes):  # noqa: F811
+def test_a_restart_is_told_by_any_new_invocation_whichever_way_its_id_sorts(unit_processes):
     fake = FakeSystemd([unit_processes()], restart_after_stop=True)
     fake.invocation = "inv-9"  # systemd's InvocationIDs are random: the new one ("inv-2") may sort before the old
     outcome = run_stop(fake)
@@ -135,7 +137,7 @@ class UnreadableReader(ProcReader):
         raise PermissionError(13, "Permission denied")
 
 
-def test_a_survivor_that_cannot_be_described_is_still_named_by_its_pid(unit_processes):  # noqa: F811
+def test_a_survivor_that_cannot_be_described_is_still_named_by_its_pid(unit_processes):
     """Gone meanwhile, or unreadable (hidepid, an LSM): the report still names it; the run does not crash."""
     gone = unit_processes()
     gone.kill()
