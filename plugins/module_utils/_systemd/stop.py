@@ -262,7 +262,7 @@ def stop_request(params: dict) -> StopRequest:
         disable=params["disable"],
         allow_protected=params["allow_protected"],
         settle=non_negative("settle", params["settle"]),
-        stop_triggers=params.get("stop_triggers", False),
+        stop_triggers=params["stop_triggers"],
     )
 
 

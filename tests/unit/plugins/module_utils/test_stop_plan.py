@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import test_systemd
+from conftest import alive
 from test_systemd import FakeSystemd, RecordingSignaller, run_stop
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
@@ -146,3 +147,70 @@ def test_a_survivor_that_cannot_be_described_is_still_named_by_its_pid(unit_proc
     assert stopper._describe(gone.pid) == {"pid": gone.pid}
     hidden = unit_processes()
     assert systemd_stop.UnitStopper(None, UnreadableReader(), None)._describe(hidden.pid) == {"pid": hidden.pid}
+
+
+@pytest.fixture
+def stop_unit(monkeypatch, tmp_path):
+    """stop_unit as the module calls it, the unit's group being the fake's real processes, its host lock in tmp_path."""
+    monkeypatch.setattr(systemd_stop, "lock_path", lambda name: str(tmp_path / f"{name}.lock"))
+
+    def run(fake: FakeSystemd, check_mode: bool, clock: Clock | None = None, warnings: list | None = None, **options) -> dict:
+        monkeypatch.setattr(systemd_cgroup.Cgroup, "locate",
+                            classmethod(lambda cls, path, reader, fs_root="/sys/fs/cgroup": test_systemd.FakeCgroup(fake)))
+        chosen = request(**(dict(stop_timeout=5.0, kill_timeout=5.0, settle=0.0) | options))
+        return systemd_stop.stop_unit(chosen, fake, ProcReader(), check_mode, warn=(warnings if warnings is not None else []).append, clock=clock)
+    return run
+
+
+class EnabledUnit(FakeSystemd):
+    """Enabled at boot until disabled."""
+
+    def show(self, unit: str):
+        state = super().show(unit)
+        if unit in self.triggers:
+            return state
+        return UnitState(dict(state.properties, UnitFileState="disabled" if "disable" in self.calls else "enabled"))
+
+
+def test_check_mode_plans_the_stop_and_changes_nothing_the_real_run_stops_and_disables(unit_processes, stop_unit):
+    fake = EnabledUnit([unit_processes(), unit_processes()], triggers={"engine.socket": "active"})
+    warned: list[str] = []
+    planned = stop_unit(fake, check_mode=True, warnings=warned, disable=True)
+    assert planned["changed"] and not planned["disabled"] and planned["triggers_stopped"] == []
+    assert not any(call in ("stop", "disable") for call in fake.calls) and all(alive(proc.pid) for proc in fake.members)
+    assert any("can still be started by engine.socket" in warning for warning in warned), "the plan's warnings reach the module"
+    assert stop_unit(fake, check_mode=True, stop_triggers=True)["triggers_stopped"] == ["engine.socket"], "what the run would stop"
+    assert fake.triggers == {"engine.socket": "active"}
+
+    done = stop_unit(fake, check_mode=False, disable=True, stop_triggers=True)
+    assert done["changed"] and done["disabled"] and done["triggers_stopped"] == ["engine.socket"]
+    assert fake.calls.index("stop engine.socket") < fake.calls.index("stop") < fake.calls.index("disable")
+    assert not any(alive(proc.pid) for proc in fake.members)
+
+
+def test_the_result_says_how_long_the_stop_took_on_its_clock(unit_processes, stop_unit):
+    clock = VirtualClock()
+    clock.now = 1.0
+    result = stop_unit(FakeSystemd([unit_processes()]), check_mode=False, clock=clock, settle=1.5)
+    assert result["elapsed"] == pytest.approx(clock.now - 1.0) and result["elapsed"] >= 1.5
+
+
+class ComesBackUnit(FakeSystemd):
+    """Down at the stop's end, active again after the settle soak - and no InvocationID or NRestarts moved."""
+
+    def __init__(self, members):
+        super().__init__(members)
+        self.inactive_reads = 0
+
+    def show(self, unit: str):
+        state = super().show(unit)
+        if state.inactive:
+            self.inactive_reads += 1
+            if self.inactive_reads > 1:
+                return UnitState(dict(state.properties, ActiveState="active"))
+        return state
+
+
+def test_a_unit_active_again_after_the_soak_fails_the_stop_even_when_no_restart_mark_moved(unit_processes, stop_unit):
+    with pytest.raises(systemd_stop.CheckFailed, match="engine.service is active again after the stop"):
+        stop_unit(ComesBackUnit([unit_processes()]), check_mode=False, clock=VirtualClock(), settle=1.0)

@@ -465,7 +465,7 @@ class ListedUnits:
 def test_a_list_of_units_is_stopped_in_order_and_one_failure_does_not_keep_the_next_running():
     """systemd_stop_hard names: each unit's own result, in order; the failed one named, the one after it still handled."""
     requests = [systemd_stop.stop_request({"name": name, "stop_timeout": 1, "kill_timeout": 1, "must_exist": False, "disable": False,
-                                           "allow_protected": False, "settle": 0}) for name in ("vllm", "broken", "sglang")]
+                                           "allow_protected": False, "settle": 0, "stop_triggers": False}) for name in ("vllm", "broken", "sglang")]
     fake = ListedUnits()
     results, failures = systemd_stop.stop_units(requests, fake, ProcReader(), check_mode=False)
     assert fake.shown == ["vllm.service", "broken.service", "sglang.service"]
