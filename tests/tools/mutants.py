@@ -3,6 +3,7 @@
     python tests/tools/mutants.py [--workers 2] [--limit N] [FILE ...]   run the files due (or those named)
     python tests/tools/mutants.py --stale                                 list the files whose ledger entry is stale
     python tests/tools/mutants.py --table                                 the ledger as docs/results/mutation.md shows it
+    python tests/tools/mutants.py --page                                  write that page again from the ledger
 
 The tool is cosmic-ray (PyPI): it mutates the source file on disk and runs a test command per mutant, so the
 functional tests - which run the modules in processes of their own, as Ansible does - see each mutant; a tool that
@@ -212,7 +213,7 @@ def run_file(name: str, workers: int, limit: int | None, log) -> dict:
             if outcome["outcome"] not in ("killed", "timed_out"):
                 log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
                     f" ({outcome['change']})")
-    return ledger_entry(name, results, time.monotonic() - started, unmutated, annotations)
+    return dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
 
 
 def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: float, annotations: int = 0) -> dict:
@@ -230,10 +231,34 @@ def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: floa
             "date": time.strftime("%Y-%m-%d"), "survivors": survivors}
 
 
+PAGE = REPO / "docs" / "results" / "mutation.md"
+PAGE_HEAD = """# Mutation testing of the kill path: the ledger
+
+`make mutants [FILES=...]` (docs/testing.md, "Breaking the kill path on purpose") lets cosmic-ray break each file of
+the kill path one small change at a time and runs the file's own tests against each mutant, sandboxed in a PID and
+mount namespace, two workers on 2 cores. The ledger, `tests/mutation/ledger.json`, keeps per file the figures below;
+each survivor is either killed by a test since, or listed in `tests/mutation/accounted.yml` with one line why it is
+equivalent or not worth a test. Score: mutants detected (killed, or their tests past their time bound) over mutants
+assessed (all, less those that do not compile and those accounted for). Mutants inside annotations that are never
+evaluated (`from __future__ import annotations`) are not run.
+
+This page is written by `tests/tools/mutants.py` with the ledger, each time a file's run ends (a test holds the
+page to the ledger). "at" is the day of the file's run; `python tests/tools/mutants.py --stale` names the files
+changed since, due again.
+
+"""
+
+
+def write_ledger(ledger: dict) -> None:
+    """The ledger and the results page that shows it, written together."""
+    LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    LEDGER.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    PAGE.write_text(PAGE_HEAD + table(ledger))
+
+
 def table(ledger: dict) -> str:
-    """The ledger as docs/results/mutation.md shows it: a row per file of the scope, due files marked."""
-    due = set(stale(ledger))
-    rows = ["| file | mutants | killed | timed out | survived (accounted) | score | minutes on 2 cores | its tests, unmutated | at |",
+    """The ledger as docs/results/mutation.md shows it: a row per file of the scope (which are due again: --stale)."""
+    rows = ["| file | mutants | killed | timed out | survived (accounted) | score | minutes (workers, on 2 cores) | its tests, unmutated | at |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in SCOPE:
         entry = ledger.get(name)
@@ -242,8 +267,8 @@ def table(ledger: dict) -> str:
             rows.append(f"| `{short}` | - | - | - | - | - | - | - | not yet run |")
             continue
         rows.append(f"| `{short}` | {entry['mutants']} | {entry['killed']} | {entry['timed_out']} | {entry['survived']} ({entry['accounted']}) "
-                    f"| {entry['score']:.1%} | {entry['seconds'] / 60:.1f} | {entry['unmutated_tests_s']} s | "
-                    f"{entry['date']}{' (due again: changed since)' if name in due else ''} |")
+                    f"| {entry['score']:.1%} | {entry['seconds'] / 60:.1f} ({entry.get('workers', 2)}) | {entry['unmutated_tests_s']} s | "
+                    f"{entry['date']} |")
     return "\n".join(rows) + "\n"
 
 
@@ -254,11 +279,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--limit", type=int, help="only the first N mutants of each file (a try; not written to the ledger)")
     parser.add_argument("--stale", action="store_true", help="list the files due again and exit")
     parser.add_argument("--table", action="store_true", help="print the ledger as a Markdown table and exit")
+    parser.add_argument("--page", action="store_true", help="write docs/results/mutation.md from the ledger and exit")
     args = parser.parse_args(argv)
     ledger = read_ledger()
     due = stale(ledger)
     if args.table:
         print(table(ledger), end="")
+        return 0
+    if args.page:
+        PAGE.write_text(PAGE_HEAD + table(ledger))
         return 0
     if args.stale:
         print("\n".join(due) or "every file of the scope is in the ledger at its current hash")
@@ -273,8 +302,7 @@ def main(argv: list[str]) -> int:
         if args.limit is None:
             ledger = read_ledger()
             ledger[name] = entry
-            LEDGER.parent.mkdir(parents=True, exist_ok=True)
-            LEDGER.write_text(json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+            write_ledger(ledger)
     return 0
 
 
