@@ -131,6 +131,7 @@ def test_a_restart_is_told_by_any_new_invocation_whichever_way_its_id_sorts(unit
     fake.invocation = "inv-9"  # systemd's InvocationIDs are random: the new one ("inv-2") may sort before the old
     outcome = run_stop(fake)
     assert outcome.restarted and "InvocationID inv-9 -> inv-2" in outcome.errors[0]
+    assert "NRestarts 0 -> 1): a trigger (none), a dependency or another client started it" in outcome.errors[0]
 
 
 class UnreadableReader(ProcReader):
