@@ -2,6 +2,7 @@
 
     python tests/tools/mutants.py [--workers 2] [--limit N] [FILE ...]   run the files due (or those named)
     python tests/tools/mutants.py --stale                                 list the files whose ledger entry is stale
+    python tests/tools/mutants.py --survivors FILE ...                     run a file's survivors again (after new tests)
     python tests/tools/mutants.py --table                                 the ledger as docs/results/mutation.md shows it
     python tests/tools/mutants.py --page                                  write that page again from the ledger
 
@@ -186,15 +187,17 @@ def baseline(tree: Path, tests: list[str]) -> float:
     return time.monotonic() - started
 
 
-def run_file(name: str, workers: int, limit: int | None, log) -> dict:
-    """Every mutant of one file, `workers` at a time (each worker its own tree); its ledger entry."""
+def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[str, int]] | None = None) -> dict:
+    """Every mutant of one file (or ``only`` those (operator, occurrence)), `workers` at a time, each worker its own
+    tree; its ledger entry."""
     tests = SCOPE[name]
     trees = [copy_tree(WORK / f"worker-{index}") for index in range(workers)]
     unmutated = baseline(trees[0], tests)
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
     spans = annotation_spans(REPO / name)
     every = mutations(trees[0], name)
-    items = [item for item in every if not in_annotation(item, spans)][:limit]
+    items = [item for item in every if not in_annotation(item, spans)
+             and (only is None or (item["operator_name"], item["occurrence"]) in only)][:limit]
     annotations = len(every) - len([item for item in every if not in_annotation(item, spans)])
     log(f"{name}: {len(items)} mutants ({annotations} more in annotations, never evaluated: not run), the unmutated tests "
         f"{unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
@@ -214,6 +217,16 @@ def run_file(name: str, workers: int, limit: int | None, log) -> dict:
                 log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
                     f" ({outcome['change']})")
     return dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
+
+
+def rechecked(name: str, entry: dict, rerun: dict) -> dict:
+    """The file's entry after its survivors ran again against today's tests: those now detected counted so."""
+    merged = dict(entry, survived=rerun["survived"], seconds=entry["seconds"] + rerun["seconds"], date=rerun["date"],
+                  killed=entry["killed"] + rerun["killed"], timed_out=entry["timed_out"] + rerun["timed_out"],
+                  survivors=rerun["survivors"], accounted=rerun["accounted"], tests=SCOPE[name])
+    assessed = merged["mutants"] - merged["incompetent"] - merged["accounted"]
+    merged["score"] = round((merged["killed"] + merged["timed_out"]) / assessed, 3) if assessed else None
+    return merged
 
 
 def ledger_entry(name: str, results: list[dict], seconds: float, unmutated: float, annotations: int = 0) -> dict:
@@ -280,6 +293,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stale", action="store_true", help="list the files due again and exit")
     parser.add_argument("--table", action="store_true", help="print the ledger as a Markdown table and exit")
     parser.add_argument("--page", action="store_true", help="write docs/results/mutation.md from the ledger and exit")
+    parser.add_argument("--survivors", action="store_true",
+                        help="run only the ledger's survivors of each file again (its contents unchanged), after new tests")
     args = parser.parse_args(argv)
     ledger = read_ledger()
     due = stale(ledger)
@@ -295,8 +310,16 @@ def main(argv: list[str]) -> int:
     unknown = [name for name in args.files if name not in SCOPE]
     if unknown:
         raise SystemExit(f"not in the mutation scope: {', '.join(unknown)}; the scope: {', '.join(SCOPE)}")
-    for name in args.files or due:
-        entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True))
+    with_survivors = [name for name, entry in ledger.items() if entry["survived"] > entry["accounted"] and name not in due]
+    for name in args.files or (with_survivors if args.survivors else due):
+        if args.survivors:
+            if name in due:
+                raise SystemExit(f"{name} changed since its ledger entry: run all of its mutants again")
+            previous = ledger[name]
+            only = {(survivor["operator"], survivor["occurrence"]) for survivor in previous["survivors"]}
+            entry = rechecked(name, previous, run_file(name, args.workers, None, lambda line: print(line, flush=True), only))
+        else:
+            entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True))
         print(f"{name}: {entry['mutants']} mutants, {entry['killed']} killed, {entry['timed_out']} timed out, {entry['survived']} survived "
               f"({entry['accounted']} accounted for), score {entry['score']}, {entry['seconds']} s", flush=True)
         if args.limit is None:

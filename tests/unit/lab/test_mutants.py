@@ -116,3 +116,14 @@ def test_each_workers_tests_run_in_its_own_tree_whatever_the_drivers_directory(t
         done = subprocess.run(shlex.split(mutants.test_command(tree, ["test_where.py"])), cwd=other, capture_output=True, text=True,
                               check=False, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_survivor_killed_by_a_new_test_moves_to_the_detected_when_the_survivors_run_again():
+    entry = {"sha256": "x", "tests": [], "mutants": 10, "killed": 6, "timed_out": 1, "survived": 3, "incompetent": 0, "accounted": 0,
+             "in_annotations": 2, "score": 0.7, "seconds": 100, "unmutated_tests_s": 1.0, "date": "2026-12-06", "survivors": [{}, {}, {}]}
+    rerun = {"killed": 1, "timed_out": 1, "survived": 1, "accounted": 1, "seconds": 9, "date": "2026-12-07",
+             "survivors": [{"operator": "core/AddNot", "occurrence": 0, "line": 3, "change": "x", "accounted": "equivalent - why"}]}
+    merged = mutants.rechecked("plugins/module_utils/_node/lease.py", entry, rerun)
+    assert (merged["killed"], merged["timed_out"], merged["survived"], merged["accounted"]) == (7, 2, 1, 1)
+    assert merged["score"] == 1.0 and merged["seconds"] == 109 and merged["mutants"] == 10 and merged["in_annotations"] == 2
+    assert merged["survivors"] == rerun["survivors"] and merged["date"] == "2026-12-07"

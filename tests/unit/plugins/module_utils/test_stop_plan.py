@@ -215,3 +215,12 @@ class ComesBackUnit(FakeSystemd):
 def test_a_unit_active_again_after_the_soak_fails_the_stop_even_when_no_restart_mark_moved(unit_processes, stop_unit):
     with pytest.raises(systemd_stop.CheckFailed, match="engine.service is active again after the stop"):
         stop_unit(ComesBackUnit([unit_processes()]), check_mode=False, clock=VirtualClock(), settle=1.0)
+
+
+def test_the_group_is_the_one_systemd_names_now_or_the_plans_when_it_names_none():
+    """A unit restarted meanwhile may sit in a group of its own (a new path); once stopped, systemd names none."""
+    located = []
+    stopper = systemd_stop.UnitStopper(None, ProcReader(), None, locate=lambda path, reader: located.append(path) or EMPTY)
+    stopper.cgroup(shown("ActiveState=active\nControlGroup=/system.slice/engine.service/payload\n"), "/system.slice/engine.service")
+    stopper.cgroup(shown("ActiveState=inactive\nControlGroup=\n"), "/system.slice/engine.service")
+    assert located == ["/system.slice/engine.service/payload", "/system.slice/engine.service"]
