@@ -127,3 +127,12 @@ def test_a_survivor_killed_by_a_new_test_moves_to_the_detected_when_the_survivor
     assert (merged["killed"], merged["timed_out"], merged["survived"], merged["accounted"]) == (7, 2, 1, 1)
     assert merged["score"] == 1.0 and merged["seconds"] == 109 and merged["mutants"] == 10 and merged["in_annotations"] == 2
     assert merged["survivors"] == rerun["survivors"] and merged["date"] == "2026-12-07"
+
+
+def test_every_accounted_survivor_is_one_the_ledger_still_lists():
+    """A reason kept for a mutant that a test now detects would hide it if it ever survived again unnoticed."""
+    ledger = mutants.read_ledger()
+    due = set(mutants.stale(ledger))
+    listed = {(name, survivor["operator"], survivor["occurrence"]) for name, entry in ledger.items() for survivor in entry["survivors"]}
+    kept = [key for key in mutants.accounted() if key[0] not in due]
+    assert [key for key in kept if key not in listed] == []
