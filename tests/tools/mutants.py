@@ -58,7 +58,11 @@ SCOPE: dict[str, list[str]] = {
     f"{MODULE_UTILS}/_gpus/holders_kill.py": ["tests/functional/test_gpu_holders_kill.py", "tests/unit/plugins/module_utils/test_preflight.py"],
     f"{MODULE_UTILS}/_gpus/memory.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/functional/test_gpu_memory_assert.py"],
     f"{MODULE_UTILS}/_systemd/stop.py": ["tests/unit/plugins/module_utils/test_stop_plan.py", "tests/unit/plugins/module_utils/test_systemd.py"],
-    f"{MODULE_UTILS}/_systemd/cgroup.py": ["tests/functional/test_cgroups.py", "tests/unit/plugins/module_utils/test_systemd.py"],
+    f"{MODULE_UTILS}/_systemd/cgroup.py": [
+        "tests/unit/plugins/module_utils/test_cgroup_files.py",
+        "tests/functional/test_cgroups.py",
+        "tests/unit/plugins/module_utils/test_systemd.py",
+    ],
     f"{MODULE_UTILS}/_systemd/systemctl.py": [
         "tests/unit/plugins/module_utils/test_systemctl.py",
         "tests/unit/plugins/module_utils/test_systemd.py",
