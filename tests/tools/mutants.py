@@ -74,9 +74,13 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_readiness.py",
     ],
     f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
-    f"{MODULE_UTILS}/_teardown/options.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/options.py": ["tests/unit/plugins/module_utils/test_teardown_parts.py", "tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/run.py": ["tests/functional/test_node_teardown.py"],
-    f"{MODULE_UTILS}/_teardown/steps.py": ["tests/functional/test_node_teardown.py", "tests/unit/plugins/module_utils/test_cutover.py"],
+    f"{MODULE_UTILS}/_teardown/steps.py": [
+        "tests/unit/plugins/module_utils/test_teardown_parts.py",
+        "tests/functional/test_node_teardown.py",
+        "tests/unit/plugins/module_utils/test_cutover.py",
+    ],
 }
 # a run of a file's tests that takes this many times the unmutated run (and at least MIN_BOUND seconds) is a hang
 BOUND_FACTOR, MIN_BOUND = 3.0, 60.0
