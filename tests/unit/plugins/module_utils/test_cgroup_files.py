@@ -174,3 +174,12 @@ def test_an_unreadable_kill_error_is_named_by_its_exception_when_it_has_no_messa
     assert method == "signal loop (cgroup.kill failed: no strerror)"
     assert [entry["result"] for entry in journal.entries if entry.get("via") == "cgroup.kill"] == ["failed: no strerror"]
     os.kill(member, signal.SIGKILL)
+
+
+def test_systemds_root_is_the_hosts_where_pid_1s_groups_cannot_be_read_and_the_containers_where_they_can(tmp_path):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._systemd.cgroup import _systemd_root
+
+    assert _systemd_root(ProcReader(str(tmp_path / "no-proc"))) == ""
+    (tmp_path / "proc" / "1").mkdir(parents=True)
+    (tmp_path / "proc" / "1" / "cgroup").write_text("0::/machine.slice/libpod-abc.scope/init.scope\n")
+    assert _systemd_root(ProcReader(str(tmp_path / "proc"))) == "/machine.slice/libpod-abc.scope"
