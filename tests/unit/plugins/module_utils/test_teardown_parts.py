@@ -39,7 +39,7 @@ class ScriptedOps:
         self.failing = failing or {}
         self.units_after = units_after or []
         self.reset: list[list[str]] = []
-        readings = iter([10.0, 10.12345, 20.0, 20.5, 30.0, 31.0, 40.0, 40.25, 50.0, 50.75])
+        readings = iter([0.1, 0.22345, 0.3, 0.8, 1.0, 2.0, 2.1, 2.35, 2.5, 3.25])  # no difference is a remainder
         self.clock = Clock()
         self.clock.monotonic = lambda: next(readings)
 
@@ -125,7 +125,13 @@ def test_each_steps_failure_is_recorded_where_the_report_looks_for_it():
     with pytest.raises(TeardownFailed) as raised:
         run_teardown(ScriptedOps({"stop_units": Error("systemctl is gone")}))
     steps = raised.value.context["steps"]
-    assert "units" not in steps and steps["failed_step"] == "units" and steps["failure"]["msg"] == "systemctl is gone"
+    assert "units" not in steps and "holders" not in steps and steps["failed_step"] == "units"
+    assert steps["failure"]["msg"] == "systemctl is gone"
+    holders_failed = TeardownFailed("a holder survived", units={"results": ["not the units step's"]}, survivors=[{"pid": 8}])
+    with pytest.raises(TeardownFailed) as raised:
+        run_teardown(ScriptedOps({"kill_holders": holders_failed}))
+    steps = raised.value.context["steps"]
+    assert steps["holders"]["msg"] == "a holder survived" and steps["units"] == {"results": []}, "only the units step's own failure replaces it"
     state = json.loads('{"ActiveState": "failed"}')  # as read from systemctl: not an interned literal
     ops = ScriptedOps(units_after=[{"unit": "vllm.service", "state_after": state}, {"unit": "sglang.service", "state_after": {}}])
     run_teardown(ops)
