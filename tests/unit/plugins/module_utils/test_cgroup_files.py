@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_for
+from conftest import alive, wait_for
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
 from ansible_collections.gpufleet.serving.plugins.module_utils._processes.journal import Journal
@@ -146,15 +146,7 @@ def test_a_cgroup_kill_the_kernel_refuses_is_journalled_as_failed_and_the_loop_k
     by_cgroup_kill = [entry for entry in journal.entries if entry.get("via") == "cgroup.kill"]
     assert [(entry["pid"], entry["result"]) for entry in by_cgroup_kill] == [(member, "failed: Is a directory")]
     assert any(entry["pid"] == member and entry["signal"] == "SIGKILL" and entry.get("via") != "cgroup.kill" for entry in journal.entries)
-    wait_for(lambda: not _alive(member), f"pid {member} survived the loop's SIGKILL")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_for(lambda: not alive(member), f"pid {member} survived the loop's SIGKILL")
 
 
 def test_an_unreadable_kill_error_is_named_by_its_exception_when_it_has_no_message(tmp_path, sleepers, monkeypatch):
