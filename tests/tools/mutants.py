@@ -75,7 +75,7 @@ SCOPE: dict[str, list[str]] = {
     ],
     f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/options.py": ["tests/unit/plugins/module_utils/test_teardown_parts.py", "tests/functional/test_node_teardown.py"],
-    f"{MODULE_UTILS}/_teardown/run.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/run.py": ["tests/unit/plugins/module_utils/test_teardown_run.py", "tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/steps.py": [
         "tests/unit/plugins/module_utils/test_teardown_parts.py",
         "tests/functional/test_node_teardown.py",
