@@ -125,3 +125,42 @@ def test_a_parked_engine_among_the_units_is_evicted_or_kept_and_its_fate_reporte
     park(tmp_path)
     untouched = teardown_run.run(params(tmp_path, steps=["memory"]), ScriptedNode(), check_mode=False)
     assert untouched["steps"]["parked"] is None and (tmp_path / "parked.json").exists(), "no units step: nothing parked is touched"
+
+
+def test_units_given_to_keep_are_neither_stopped_nor_their_holders_signalled(tmp_path):
+    node = ScriptedNode()
+    teardown_run.run(params(tmp_path, kept_units=["sglang"]), node, check_mode=False)
+    assert ("stop_units", ("vllm.service",), False) in node.calls
+    assert ("decide", ("vllm.service",), ("sglang.service",)) in node.calls
+
+
+def metrics_after(tmp_path, node=None, store=None, **overrides) -> dict:
+    """The node's metrics state after a teardown, seeded with vLLM serving, SGLang parked and a stale lease."""
+    state_path = tmp_path / "metrics.json"
+    state_path.write_text(json.dumps({"engines": [{"engine": "vllm", "state": "serving"}, {"engine": "sglang", "state": "parked"}],
+                                      "parked": {"engine": "sglang"}, "lease": {"owner": "stale-run", "expires": 1.0}}))
+    (tmp_path / "textfiles").mkdir(exist_ok=True)
+    chosen = params(tmp_path, metrics_dir=str(tmp_path / "textfiles"), metrics_state_path=str(state_path)) | overrides
+    result = teardown_run.run(chosen, node or ScriptedNode(), check_mode=False, store=store)
+    assert result["metrics_warnings"] == []
+    return json.loads(state_path.read_text())
+
+
+def test_the_metrics_say_what_the_teardown_left_running(tmp_path):
+    torn_down = metrics_after(tmp_path)
+    assert [(engine["engine"], engine["state"]) for engine in torn_down["engines"]] == [("vllm", "none"), ("sglang", "none")]
+    assert torn_down["parked"] is None and torn_down["last_run"]["gpu_teardown"]["result"] == "ok"
+
+    park(tmp_path)
+    kept = metrics_after(tmp_path, keep_parked=True)
+    assert [(engine["engine"], engine["state"]) for engine in kept["engines"]] == [("vllm", "none"), ("sglang", "parked")]
+    assert kept["parked"] == {"engine": "sglang"}
+
+    for unchanged in (metrics_after(tmp_path, steps=["memory"]),
+                      metrics_after(tmp_path, node=ScriptedNode(refuse=Refused("alice's job holds GPU 3")))):
+        assert [(engine["engine"], engine["state"]) for engine in unchanged["engines"]] == [("vllm", "serving"), ("sglang", "parked")]
+
+
+def test_the_metrics_lease_is_the_nodes_after_the_run(tmp_path):
+    assert metrics_after(tmp_path, store=LeaseStore("switch_engine", str(tmp_path)))["lease"] is None, "taken and given back"
+    assert metrics_after(tmp_path)["lease"] == {"owner": "stale-run", "expires": 1.0}, "no lease taken: left as it was"
