@@ -127,18 +127,19 @@ def test_a_parked_engine_among_the_units_is_evicted_or_kept_and_its_fate_reporte
     assert untouched["steps"]["parked"] is None and (tmp_path / "parked.json").exists(), "no units step: nothing parked is touched"
 
 
-def test_units_given_to_keep_are_neither_stopped_nor_their_holders_signalled(tmp_path):
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_units_given_to_keep_are_neither_stopped_nor_their_holders_signalled(tmp_path, check_mode):
     node = ScriptedNode()
-    teardown_run.run(params(tmp_path, kept_units=["sglang"]), node, check_mode=False)
-    assert ("stop_units", ("vllm.service",), False) in node.calls
+    teardown_run.run(params(tmp_path, kept_units=["sglang"]), node, check_mode=check_mode)
+    assert ("stop_units", ("vllm.service",), check_mode) in node.calls
     assert ("decide", ("vllm.service",), ("sglang.service",)) in node.calls
 
 
-def metrics_after(tmp_path, node=None, store=None, **overrides) -> dict:
-    """The node's metrics state after a teardown, seeded with vLLM serving, SGLang parked and a stale lease."""
+def metrics_after(tmp_path, node=None, store=None, parked_engine="sglang", **overrides) -> dict:
+    """The node's metrics state after a teardown, seeded with one engine serving, ``parked_engine`` parked and a stale lease."""
     state_path = tmp_path / "metrics.json"
-    state_path.write_text(json.dumps({"engines": [{"engine": "vllm", "state": "serving"}, {"engine": "sglang", "state": "parked"}],
-                                      "parked": {"engine": "sglang"}, "lease": {"owner": "stale-run", "expires": 1.0}}))
+    engines = [{"engine": engine, "state": "parked" if engine == parked_engine else "serving"} for engine in ("vllm", "sglang")]
+    state_path.write_text(json.dumps({"engines": engines, "parked": {"engine": parked_engine}, "lease": {"owner": "stale-run", "expires": 1.0}}))
     (tmp_path / "textfiles").mkdir(exist_ok=True)
     chosen = params(tmp_path, metrics_dir=str(tmp_path / "textfiles"), metrics_state_path=str(state_path)) | overrides
     result = teardown_run.run(chosen, node or ScriptedNode(), check_mode=False, store=store)
@@ -155,6 +156,9 @@ def test_the_metrics_say_what_the_teardown_left_running(tmp_path):
     kept = metrics_after(tmp_path, keep_parked=True)
     assert [(engine["engine"], engine["state"]) for engine in kept["engines"]] == [("vllm", "none"), ("sglang", "parked")]
     assert kept["parked"] == {"engine": "sglang"}
+    park(tmp_path, unit="vllm.service", engine="vllm")
+    vllm_kept = metrics_after(tmp_path, keep_parked=True, parked_engine="vllm")
+    assert [(engine["engine"], engine["state"]) for engine in vllm_kept["engines"]] == [("vllm", "parked"), ("sglang", "none")]
 
     for unchanged in (metrics_after(tmp_path, steps=["memory"]),
                       metrics_after(tmp_path, node=ScriptedNode(refuse=Refused("alice's job holds GPU 3")))):
