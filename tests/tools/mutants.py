@@ -73,7 +73,7 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_lease_and_engine_http.py",
         "tests/unit/plugins/module_utils/test_readiness.py",
     ],
-    f"{MODULE_UTILS}/_teardown/node.py": ["tests/functional/test_node_teardown.py"],
+    f"{MODULE_UTILS}/_teardown/node.py": ["tests/unit/plugins/module_utils/test_teardown_node.py", "tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/options.py": ["tests/unit/plugins/module_utils/test_teardown_parts.py", "tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/run.py": ["tests/unit/plugins/module_utils/test_teardown_run.py", "tests/functional/test_node_teardown.py"],
     f"{MODULE_UTILS}/_teardown/steps.py": [
