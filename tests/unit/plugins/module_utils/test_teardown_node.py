@@ -102,3 +102,36 @@ def test_a_unit_that_cannot_be_reset_or_read_is_a_warning_or_nothing_never_a_fai
     assert teardown.unit_properties("vllm.service") == {}
     with pytest.raises(CommandFailed):
         teardown.systemctl.show("vllm.service")
+
+
+def test_units_are_stopped_for_real_as_they_are_asked_never_a_protected_one(monkeypatch):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import Refused
+    from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.steps import TeardownFailed
+
+    asked = {}
+
+    def stop_units(requests, _systemctl, _reader, check_mode, *_args, **_kwargs):
+        asked.update(requests=requests, check_mode=check_mode)
+        return [{"unit": request.unit} for request in requests], asked.get("failures", [])
+    monkeypatch.setattr(teardown_node.systemd_stop, "stop_units", stop_units)
+    assert node().stop_units(["vllm"], 9.0) == {"results": [{"unit": "vllm.service"}]}
+    (request,) = asked["requests"]
+    assert asked["check_mode"] is False and request.stop_timeout == 9.0
+    assert (request.must_exist, request.disable, request.stop_triggers, request.allow_protected) == (False, False, False, False)
+    node(disable_units=True, stop_triggers=True).stop_units(["vllm"], 9.0)
+    assert (asked["requests"][0].disable, asked["requests"][0].stop_triggers) == (True, True)
+    with pytest.raises(Refused):
+        node().stop_units(["ssh"], 9.0)
+    asked["failures"] = ["vllm.service is deactivating after the stop"]
+    with pytest.raises(TeardownFailed, match="vllm.service is deactivating") as raised:
+        node().stop_units(["vllm"], 9.0)
+    assert raised.value.context["units"] == {"results": [{"unit": "vllm.service"}]}
+
+
+def test_a_plain_kill_follows_the_nodes_setting_for_another_users_holders(recorded):
+    import json
+
+    node(outside_units=json.loads('"fail"')).kill_holders(["vllm"])
+    assert recorded["holders"].outside_units == "fail"
+    node(outside_units=json.loads('"fail"')).kill_holders(["vllm"], leave_foreign=True)
+    assert recorded["holders"].outside_units == "report", "the setting as read from the module's arguments, compared by value"
