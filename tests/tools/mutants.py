@@ -85,6 +85,9 @@ SCOPE: dict[str, list[str]] = {
 # a run of a file's tests that takes this many times the unmutated run (and at least MIN_BOUND seconds) is a hang
 BOUND_FACTOR, MIN_BOUND = 3.0, 60.0
 SANDBOX = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+# the host locks and leases (/run/lock) of the sandbox's own, in its mount namespace: a mutant's lock is never this
+# machine's, and a lock held outside never blocks a mutant
+PRIVATE_LOCKS = "mount -t tmpfs gpufleet-mutant-locks /run/lock"
 
 
 def file_hash(path: Path) -> str:
@@ -123,7 +126,7 @@ def test_command(tree: Path, tests: list[str]) -> str:
     there). The directory is part of the command, never the driver's cwd - one for every worker thread. pytest runs
     under a shell that is the namespace's PID 1 - never PID 1 itself, as outside: tests read their own parent."""
     pytest_run = shlex.join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
-    return shlex.join([*SANDBOX, "sh", "-c", f"cd {shlex.quote(str(tree))} && {pytest_run}; exit $?"])
+    return shlex.join([*SANDBOX, "sh", "-c", f"{PRIVATE_LOCKS} && cd {shlex.quote(str(tree))} && {pytest_run}; exit $?"])
 
 
 def mutations(tree: Path, name: str) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -136,3 +137,12 @@ def test_every_accounted_survivor_is_one_the_ledger_still_lists():
     listed = {(name, survivor["operator"], survivor["occurrence"]) for name, entry in ledger.items() for survivor in entry["survivors"]}
     kept = [key for key in mutants.accounted() if key[0] not in due]
     assert [key for key in kept if key not in listed] == []
+
+
+def test_a_mutants_host_locks_are_its_own(sandbox_available):
+    """Host locks and leases live in /run/lock: inside the sandbox it is a tmpfs of its own namespace, so a lock a
+    mutant takes (or leaves) is never this machine's."""
+    probe = f"/run/lock/gpufleet-mutant-probe-{uuid.uuid4().hex[:8]}"
+    done = sandboxed(f"{mutants.PRIVATE_LOCKS} && touch {probe} && test -e {probe} && echo inside")
+    assert "inside" in done.stdout, done.stdout + done.stderr
+    assert not os.path.exists(probe), "the probe reached the machine's /run/lock"
