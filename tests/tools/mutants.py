@@ -207,9 +207,9 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
     spans = annotation_spans(REPO / name)
     every = mutations(trees[0], name)
-    items = [item for item in every if not in_annotation(item, spans)
-             and (only is None or (item["operator_name"], item["occurrence"]) in only)][:limit]
-    annotations = len(every) - len([item for item in every if not in_annotation(item, spans)])
+    runnable = [item for item in every if not in_annotation(item, spans)]
+    annotations = len(every) - len(runnable)
+    items = [item for item in runnable if only is None or (item["operator_name"], item["occurrence"]) in only][:limit]
     log(f"{name}: {len(items)} mutants ({annotations} more in annotations, never evaluated: not run), the unmutated tests "
         f"{unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
     free = list(trees)

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.serving.plugins.doc_fragments.teardown import ModuleDocFragment
+from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
 from ansible_collections.gpufleet.serving.plugins.module_utils._teardown.options import TEARDOWN_OPTIONS
 
 
@@ -33,8 +34,6 @@ class ScriptedOps:
     """A teardown's node operations, recorded; ``failing`` names the step that raises and what."""
 
     def __init__(self, failing: dict | None = None, units_after: list | None = None):
-        from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Clock
-
         self.calls: list[tuple] = []
         self.failing = failing or {}
         self.units_after = units_after or []
