@@ -73,6 +73,10 @@ def lab_env(lane: int) -> dict[str, str]:
             "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
 
 
+# how much of a failed task's message the summary at the end repeats
+MESSAGE_CHARS = 600
+
+
 def failing_tasks(log: Path) -> str:
     lines = ANSI.sub("", log.read_text(errors="replace")).splitlines()
     shown: list[str] = []
@@ -82,16 +86,23 @@ def failing_tasks(log: Path) -> str:
     return "\n".join(shown[:150])
 
 
-def failed_task_names(log: Path) -> list[str]:
-    """The names of the tasks that failed, one line each: the end of CI's output keeps them when its middle is cut."""
-    task, names = "", []
-    for line in ANSI.sub("", log.read_text(errors="replace")).splitlines():
+def failed_tasks(log: Path) -> list[tuple[str, str]]:
+    """Each failed task's name and the start of what it said: the end of CI's output keeps them when its middle is cut."""
+    task, found = "", {}
+    lines = ANSI.sub("", log.read_text(errors="replace")).splitlines()
+    for index, line in enumerate(lines):
         text = line.strip(" │")
         if text.startswith("TASK ["):
             task = text
-        elif re.match(r"(fatal|failed):", text) and task and task not in names:
-            names.append(task)
-    return names
+        elif re.match(r"(fatal|failed):", text) and task and task not in found:
+            said = [text.split("=>", 1)[-1].strip()]
+            for following in lines[index + 1:index + 40]:
+                following = following.strip(" │")
+                if not following or following.startswith(("TASK [", "PLAY ", "...ignoring")):
+                    break
+                said.append(following)
+            found[task] = " ".join(" ".join(said).split())[:MESSAGE_CHARS]
+    return list(found.items())
 
 
 def slowest_tasks(timings: Path, names: list[str], count: int = 4) -> list[str]:
@@ -173,8 +184,8 @@ def main(argv: list[str]) -> int:
           f" ({len(plan)} lane(s)){': FAILED ' + ', '.join(failed) if failed else ''}")
     for name in failed:
         log = REPO / "build" / f"molecule-{name}.log"
-        for task in failed_task_names(log) if log.exists() else ["its lab did not start"]:
-            print(f"  {name}: {task}")
+        for task, said in failed_tasks(log) if log.exists() else [("its lab did not start", "")]:
+            print(f"  {name}: {task}\n    {said}")
     # a scenario writes under build/ or its ephemeral directory, never into the tracked tree
     written = added_by_run(tree_before)
     if written:
