@@ -61,6 +61,8 @@ TEST_TIMEOUT_SECONDS = 240
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "covers(*cases): the catalogue cases this test sets up and asserts (tests/tools/catalogue_map.py)")
+    config.addinivalue_line("markers", "host_pid_namespace: needs the host's PIDs, as NVML reports them (make mutants' sandbox, a PID "
+                            "namespace of its own, leaves it out)")
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -283,6 +283,7 @@ def test_max_targets_exceeded_signals_nothing(devices, processes, nvml_env):
     assert all(alive(pid) for pid in pids)
 
 
+@pytest.mark.host_pid_namespace
 @pytest.mark.covers('G9', 'G18')
 @pytest.mark.parametrize(("reaped", "reason"), [(True, "no such process"), (False, "exited (a zombie its parent has not reaped)")])
 def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(devices, processes, sim, nvml_env, reaped, reason):
@@ -302,6 +303,7 @@ def test_stale_nvml_pid_after_fork_is_reported_and_the_real_holder_killed(device
     assert result["terminated"][0]["gpus"] == [0]
 
 
+@pytest.mark.host_pid_namespace
 @pytest.mark.covers('G10')
 def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, processes, sim, nvml_env):
     """G10 / F9: NVML lists a PID that now belongs to a process holding no GPU file."""
@@ -315,6 +317,7 @@ def test_nvml_pid_reused_by_an_unrelated_process_is_not_signalled(devices, proce
     assert pids_of(result["terminated"]) == {holder}
 
 
+@pytest.mark.host_pid_namespace
 @pytest.mark.covers('G11')
 @pytest.mark.parametrize("garbage_pid", [0, 1, 2**32 - 1])
 def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, sim, nvml_env, garbage_pid):
@@ -330,6 +333,7 @@ def test_garbage_from_nvml_is_reported_and_never_signalled(devices, processes, s
     assert pids_of(result["terminated"]) == {holder}
 
 
+@pytest.mark.host_pid_namespace
 def test_nvml_only_holder_confirmed_by_proc_is_attributed_to_its_gpu(devices, processes, sim, nvml_env):
     """sources=[nvml]: discovery from NVML's list, each PID confirmed in /proc before it can be a target."""
     _helper, (pid,) = processes.holder("--open", devices.ctl, "--sim-root", str(sim.root), "--alloc", "3:1000")
@@ -408,6 +412,7 @@ def test_huge_and_duplicate_protected_pids_protect_nothing_else_and_are_harmless
     assert [p["pid"] for p in result["protected"]] == [holder] and alive(holder)
 
 
+@pytest.mark.host_pid_namespace
 @pytest.mark.covers('G14')
 def test_a_thread_id_nvml_lists_is_never_taken_for_a_process(devices, processes, sim, nvml_env, signal_path):
     """G14: NVML names a thread of a two-threaded holder that protected_pids protects. /proc/<tid> can be read, but its
@@ -801,6 +806,7 @@ def test_device_node_is_matched_by_device_number_not_path(tmp_path, processes, n
     assert planned and planned[0]["devices"] == [str(node)] and planned[0]["via"] == ["fd"]
 
 
+@pytest.mark.host_pid_namespace
 def test_selection_trusts_nvml_over_device_nodes_that_cuda_opens_for_every_gpu(devices, processes, sim, nvml_env):
     """Measured on H200s: a CUDA process on GPU 0 also holds /dev/nvidia1. Freeing GPU 1 must leave it alone."""
     # minors [2, 0, 3, 1]: index 0 is /dev/nvidia2, index 1 is /dev/nvidia0
