@@ -56,7 +56,11 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_signals.py",
         "tests/functional/test_gpu_holders_kill.py",
     ],
-    f"{MODULE_UTILS}/_processes/signals.py": ["tests/unit/plugins/module_utils/test_signals.py", "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_processes/signals.py": [
+        "tests/unit/plugins/module_utils/test_signaller.py",
+        "tests/unit/plugins/module_utils/test_signals.py",
+        "tests/functional/test_gpu_holders_kill.py",
+    ],
     f"{MODULE_UTILS}/_processes/journal.py": [
         "tests/unit/plugins/module_utils/test_journal.py",
         "tests/unit/plugins/module_utils/test_signals.py",

@@ -202,3 +202,29 @@ except JournalUnwritable as exc:
         journal_file.write('{"phase": "intent", "pid": 9, "sig')
     Journal(str(path), "later", "gpu_holders_kill").intent(os.getpid(), 1, "SIGKILL", "kill")
     assert [line["run_id"] for line in read(str(path))] == ["before", "after", "later"]
+
+
+def test_pidfds_are_probed_on_the_running_kernel(monkeypatch):
+    """A kernel or seccomp policy that refuses pidfd_open (EPERM, ENOSYS) means the start-time check, not a failed run."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes import signals
+
+    def refused(pid):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(signals.os, "pidfd_open", refused)
+    assert signals.pidfds_supported() is False
+    monkeypatch.delattr(signals.os, "pidfd_open")
+    assert signals.pidfds_supported() is False
+
+
+def test_without_pidfds_the_wait_polls_every_fallback_interval_to_its_deadline(procs):
+    """The start-time check has no event to wait on: it reads /proc every 20 ms, on the signaller's clock."""
+    from test_pure_logic import FakeClock
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils._polling import Deadline
+
+    clock = FakeClock()
+    signaller = Signaller(use_pidfd=False, clock=clock)
+    _result, handle = signaller.open(identity(procs()))
+    assert signaller.wait([handle], Deadline(0.1, clock)) == [handle]
+    assert max(clock.sleeps) == pytest.approx(0.02) and sum(clock.sleeps) == pytest.approx(0.1) and len(clock.sleeps) >= 5
