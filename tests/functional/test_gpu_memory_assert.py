@@ -7,12 +7,18 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import run_module
 from nvml_sim import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NO_PERMISSION
 
 MODULE = "gpu_memory_assert"
+
+
+def comm_of(pid: int) -> str:
+    """The holder's command name: python or python3, after how pytest itself was started."""
+    return Path(f"/proc/{pid}/comm").read_text().strip()
 
 
 def assert_args(devices, **extra) -> dict:
@@ -81,7 +87,7 @@ def test_memory_held_by_a_d_state_process_fails_at_the_deadline_naming_it_in_d_s
     result = run_module(MODULE, assert_args(devices, timeout=1.0), env=nvml_env, timeout=60)
     assert result.failed and result["passed"] is False and result["dirty"] == [3] and result["elapsed"] >= 1.0
     message = result["msg"]
-    assert "30000 MiB used > max_used_mib 512" in message and f"holders in /proc: {pid} (python, state D)" in message
+    assert "30000 MiB used > max_used_mib 512" in message and f"holders in /proc: {pid} ({comm_of(pid)}, state D)" in message
     assert f"NVML processes: {pid};" in message and "holder_present" in message
     assert result["details"]["3"]["classification"] == "holder_present"
     assert [(h["pid"], h["state"]) for h in result["details"]["3"]["proc_holders"]] == [(pid, "D")]
@@ -95,7 +101,7 @@ def test_holder_present_names_gpu_pid_and_classification(devices, sim, processes
     assert result.failed and result["passed"] is False and result["dirty"] == [2]
     message = result["msg"]
     assert "GPU 2 (GPU-" in message and "40000 MiB used > max_used_mib 512" in message
-    assert f"holders in /proc: {pid} (python, state S)" in message  # pid, command name and state
+    assert f"holders in /proc: {pid} ({comm_of(pid)}, state S)" in message  # pid, command name and state
     assert f"NVML processes: {pid};" in message
     assert "holder_present" in message
     assert result["details"]["2"]["classification"] == "holder_present"

@@ -67,7 +67,11 @@ SCOPE: dict[str, list[str]] = {
         "tests/functional/test_gpu_holders_kill.py::test_the_signals_processes_received_are_the_journal_and_the_plan",
         "tests/functional/test_gpu_holders_kill.py::test_a_journal_that_cannot_be_written_refuses_the_run_before_any_signal",
     ],
-    f"{MODULE_UTILS}/_gpus/holders.py": ["tests/unit/plugins/module_utils/test_pure_logic.py", "tests/functional/test_gpu_holders_kill.py"],
+    f"{MODULE_UTILS}/_gpus/holders.py": [
+        "tests/unit/plugins/module_utils/test_holders.py",
+        "tests/unit/plugins/module_utils/test_pure_logic.py",
+        "tests/functional/test_gpu_holders_kill.py",
+    ],
     f"{MODULE_UTILS}/_gpus/holders_kill.py": ["tests/functional/test_gpu_holders_kill.py", "tests/unit/plugins/module_utils/test_preflight.py"],
     f"{MODULE_UTILS}/_gpus/memory.py": [
         "tests/unit/plugins/module_utils/test_memory_judgement.py",
