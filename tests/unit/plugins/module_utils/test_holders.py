@@ -188,8 +188,8 @@ def test_a_holder_is_placed_on_gpus_by_nvmls_list_else_by_its_nodes(devices, pro
 def test_a_protected_holder_is_listed_with_its_reason_and_never_a_target(devices, processes):
     _proc, (pid,) = processes.holder("--open", devices.gpu(0), "--comm", "nv-hostengine")
     plan = plan_kill(plan_scan(devices, Holding(pid, {"fd"}, {devices.gpu(0)})), ProcReader(), guard(), {0: 0}, None, None)
-    assert plan.targets == [] and [(entry["pid"], entry["reason"]) for entry in plan.protected] == [(pid, "protected name nv-hostengine "
-                                                                                                      "(DCGM host engine (health, metrics))")]
+    why = "protected name nv-hostengine (DCGM host engine (health, metrics))"
+    assert plan.targets == [] and [(entry["pid"], entry["reason"]) for entry in plan.protected] == [(pid, why)]
     assert [entry["pid"] for entry in plan.holders] == [pid]
 
 
