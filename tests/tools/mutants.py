@@ -72,7 +72,12 @@ SCOPE: dict[str, list[str]] = {
         "tests/unit/plugins/module_utils/test_pure_logic.py",
         "tests/functional/test_gpu_holders_kill.py",
     ],
-    f"{MODULE_UTILS}/_gpus/holders_kill.py": ["tests/functional/test_gpu_holders_kill.py", "tests/unit/plugins/module_utils/test_preflight.py"],
+    f"{MODULE_UTILS}/_gpus/holders_kill.py": [
+        "tests/unit/plugins/module_utils/test_holders_kill.py",
+        "tests/unit/plugins/module_utils/test_pure_logic.py",
+        "tests/unit/plugins/module_utils/test_preflight.py",
+        "tests/functional/test_gpu_holders_kill.py",
+    ],
     f"{MODULE_UTILS}/_gpus/memory.py": [
         "tests/unit/plugins/module_utils/test_memory_judgement.py",
         "tests/unit/plugins/module_utils/test_pure_logic.py",
