@@ -258,3 +258,29 @@ def test_a_survivor_report_says_its_state_wait_channel_and_pending_signals(procs
     gone = identity(proc)
     exited(proc)
     assert signals.survivor_report(ProcReader(), gone) == {"pid": gone.pid, "start_time": gone.start_time, "state": None, "wchan": None}
+
+
+def test_a_wait_on_pidfds_sleeps_in_one_poll_to_its_deadline_not_a_busy_loop(procs, monkeypatch):
+    """A node's kill wait costs no CPU: one poll(2) for the whole remaining time, in milliseconds, woken by an exit."""
+    import select
+
+    timeouts = []
+    real_poll = select.poll
+
+    class CountingPoll:
+        def __init__(self):
+            self.poller = real_poll()
+
+        def register(self, fd, events):
+            self.poller.register(fd, events)
+
+        def poll(self, timeout):
+            timeouts.append(timeout)
+            return self.poller.poll(timeout)
+
+    monkeypatch.setattr(signals.select, "poll", CountingPoll)
+    signaller = Signaller(use_pidfd=True)
+    _result, handle = signaller.open(identity(procs()))
+    assert signaller.wait([handle], Deadline(0.3)) == [handle]
+    assert 1 <= len(timeouts) <= 3 and 250 <= timeouts[0] <= 300, timeouts
+    signaller.close([handle])
