@@ -2,7 +2,8 @@
 
     python tests/tools/mutants.py [--workers 2] [--limit N] [FILE ...]   run the files due (or those named)
     python tests/tools/mutants.py --stale                                 list the files whose ledger entry is stale
-    python tests/tools/mutants.py --survivors FILE ...                     run a file's survivors again (after new tests)
+    python tests/tools/mutants.py --survivors FILE ...                     run a file's survivors again (after new tests;
+                                                                          those accounted for as equivalent stay as they are)
     python tests/tools/mutants.py --table                                 the ledger as docs/results/mutation.md shows it
     python tests/tools/mutants.py --page                                  write that page again from the ledger
 
@@ -257,11 +258,14 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
     return dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
 
 
-def rechecked(name: str, entry: dict, rerun: dict) -> dict:
-    """The file's entry after its survivors ran again against today's tests: those now detected counted so."""
-    merged = dict(entry, survived=rerun["survived"], seconds=entry["seconds"] + rerun["seconds"], date=rerun["date"],
+def rechecked(name: str, entry: dict, rerun: dict, kept: list[dict] = ()) -> dict:
+    """The file's entry after its survivors ran again against today's tests: those now detected counted so. `kept`:
+    survivors accounted for (equivalent, not worth a test) that were not run again - they stay survivors as they were."""
+    survivors = rerun["survivors"] + list(kept)
+    merged = dict(entry, survived=rerun["survived"] + len(kept), seconds=entry["seconds"] + rerun["seconds"], date=rerun["date"],
                   killed=entry["killed"] + rerun["killed"], timed_out=entry["timed_out"] + rerun["timed_out"],
-                  survivors=rerun["survivors"], accounted=rerun["accounted"], tests=SCOPE[name])
+                  survivors=sorted(survivors, key=lambda survivor: (survivor["line"], survivor["operator"], survivor["occurrence"])),
+                  accounted=sum(1 for survivor in survivors if survivor["accounted"]), tests=SCOPE[name])
     assessed = merged["mutants"] - merged["incompetent"] - merged["accounted"]
     merged["score"] = round((merged["killed"] + merged["timed_out"]) / assessed, 3) if assessed else None
     return merged
@@ -354,8 +358,15 @@ def main(argv: list[str]) -> int:
             if name in due:
                 raise SystemExit(f"{name} changed since its ledger entry: run all of its mutants again")
             previous = ledger[name]
-            only = {(survivor["operator"], survivor["occurrence"]) for survivor in previous["survivors"]}
-            entry = rechecked(name, previous, run_file(name, args.workers, None, lambda line: print(line, flush=True), only))
+            reasons = accounted()
+            # an equivalent mutant survives every test by definition: only the ones a new test may detect run again
+            kept = [dict(survivor, accounted=reasons[(name, survivor["operator"], survivor["occurrence"])]) for survivor in previous["survivors"]
+                    if (name, survivor["operator"], survivor["occurrence"]) in reasons]
+            only = {(survivor["operator"], survivor["occurrence"]) for survivor in previous["survivors"]} - {
+                (survivor["operator"], survivor["occurrence"]) for survivor in kept}
+            rerun = run_file(name, args.workers, None, lambda line: print(line, flush=True), only) if only else None
+            entry = rechecked(name, previous, rerun or {"survived": 0, "seconds": 0, "date": time.strftime("%Y-%m-%d"), "killed": 0,
+                                                        "timed_out": 0, "survivors": []}, kept)
         else:
             entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True))
         print(f"{name}: {entry['mutants']} mutants, {entry['killed']} killed, {entry['timed_out']} timed out, {entry['survived']} survived "

@@ -130,6 +130,17 @@ def test_a_survivor_killed_by_a_new_test_moves_to_the_detected_when_the_survivor
     assert merged["survivors"] == rerun["survivors"] and merged["date"] == "2026-12-07"
 
 
+def test_survivors_accounted_for_are_kept_as_they_were_when_the_others_run_again():
+    kept = [{"operator": "core/NumberReplacer", "occurrence": 4, "line": 9, "change": "y", "accounted": "equivalent - why"}]
+    entry = {"sha256": "x", "tests": [], "mutants": 10, "killed": 6, "timed_out": 0, "survived": 4, "incompetent": 0, "accounted": 1,
+             "in_annotations": 0, "score": 0.667, "seconds": 100, "unmutated_tests_s": 1.0, "date": "2026-12-06", "survivors": [{}, {}, {}, {}]}
+    rerun = {"killed": 2, "timed_out": 0, "survived": 1, "accounted": 0, "seconds": 9, "date": "2026-12-07",
+             "survivors": [{"operator": "core/AddNot", "occurrence": 0, "line": 12, "change": "x", "accounted": None}]}
+    merged = mutants.rechecked("plugins/module_utils/_node/lease.py", entry, rerun, kept)
+    assert (merged["killed"], merged["survived"], merged["accounted"], merged["score"]) == (8, 2, 1, round(8 / 9, 3))
+    assert merged["survivors"] == kept + rerun["survivors"], "in line order"
+
+
 def test_every_accounted_survivor_is_one_the_ledger_still_lists():
     """A reason kept for a mutant that a test now detects would hide it if it ever survived again unnoticed."""
     ledger = mutants.read_ledger()

@@ -231,6 +231,7 @@ def test_a_process_that_exits_between_the_sigterm_deadline_and_sigkill_counts_as
     stubborn = procs(ignore_term=True)
     outcome = terminate_then_kill(LateExit(stubborn, use_pidfd=True), [identity(stubborn)], 0.2, 0.2)
     assert outcome.terminated == [identity(stubborn)] and outcome.killed == [] and outcome.survivors == []
+    assert outcome.not_signalled == [], "it had its SIGTERM: gone at SIGKILL is no process exited before a signal"
 
 
 class UnkillableSignaller(Signaller):

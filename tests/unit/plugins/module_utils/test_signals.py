@@ -123,7 +123,7 @@ def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs
         "from ansible_collections.gpufleet.serving.plugins.module_utils._processes.signals import Signaller, terminate_then_kill\n"
         "os.setgroups([]); os.setgid(65534); os.setuid(65534)  # after the imports: the interpreter may live under /root\n"
         f"outcome = terminate_then_kill(Signaller(use_pidfd={signal_path.use_pidfd}), [ProcessIdentity({target.pid}, {start_time})], 0.2, 0.2)\n"
-        "print(json.dumps({'signals': outcome.signals, 'survivors': [s.pid for s in outcome.survivors],\n"
+        "print(json.dumps({'signals': outcome.signals, 'survivors': [s.pid for s in outcome.survivors], 'not_signalled': outcome.not_signalled,\n"
         "                  'killed': len(outcome.killed), 'terminated': len(outcome.terminated)}))\n"
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd="/",
@@ -132,6 +132,7 @@ def test_signal_the_kernel_denies_is_reported_once_and_the_target_survives(procs
     result = json.loads(run.stdout)
     assert [(s["signal"], s["result"]) for s in result["signals"]] == [("SIGTERM", "denied"), ("SIGKILL", "denied")]
     assert result["survivors"] == [target.pid] and result["killed"] == result["terminated"] == 0
+    assert result["not_signalled"] == [], "denied is not exited"
     assert alive(target.pid)
 
 
