@@ -3,6 +3,8 @@ why a dirty GPU is dirty, the request's checks. NVML readings are given as the m
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from test_pure_logic import FakeClock
 
@@ -214,3 +216,122 @@ def test_the_report_keeps_its_keys_for_each_gpu():
     assert list(report[0]) == list(memory.REPORT_KEYS) and report[0]["clean"] is True and report[0]["uuid"] == "GPU-0"
     assert memory.REPORT_KEYS == ("index", "uuid", "name", "bus_id", "minor", "status", "total_mib", "used_mib", "reserved_mib", "memory_api",
                                   "compared_used_mib", "left_mib", "processes", "clean", "problems")
+
+
+def test_a_percent_limit_keeps_its_fraction():
+    assert Limits(None, max_used_percent=10.05).used_limits(1000) == [(100.5, "max_used_percent 10.05 % of 1000 MiB")]
+
+
+@pytest.mark.parametrize(("listed", "left", "limit", "problems"), [
+    (2, 1, 1, []), (3, 1, 1, ["2 processes > max_processes 1", "1 MiB of left holder(s) 10 not counted"]), (0, 0, 1, []), (1, 0, 2, []),
+])
+def test_the_processes_counted_are_those_listed_less_the_ones_left(listed, left, limit, problems):
+    processes = [{"pid": 10 + n, "used_mib": 1} for n in range(listed)]
+    assessment = memory.assess(inventory(gpu(0, used=0, processes=processes)), [0],
+                               Limits(None, max_processes=limit, left_pids=frozenset(range(10, 10 + left))))
+    assert assessment.gpus[0]["problems"] == problems
+
+
+@pytest.mark.parametrize("pid", [0, -5])
+def test_a_left_pid_of_0_or_below_is_refused(pid):
+    with pytest.raises(InvalidInput, match=f"left_pids: {pid} is not a process id"):
+        MemoryRequest.from_params(params(left_pids=[pid]))
+
+
+def test_pid_2_may_be_left_as_any_process():
+    assert MemoryRequest.from_params(params(left_pids=[2])).limits.left_pids == frozenset({2})
+
+
+def test_holders_by_minor_groups_each_gpus_holders_and_leaves_out_the_excluded_the_gone_and_the_unreadable(devices, processes):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._processes.procfs import ProcessGone, ProcReader
+
+    _a, (first,) = processes.holder("--open", devices.gpu(0))
+    _b, (second,) = processes.holder("--open", devices.gpu(0), devices.gpu(1))
+    _c, (third,) = processes.holder("--open", devices.gpu(2))
+    _d, (shared_only,) = processes.holder("--open", devices.ctl)
+    parent = os.getpid()
+
+    class Reader(ProcReader):
+        """The scan (in its own child process) sees every holder; describing them here, `gone` has exited and
+        `refused` cannot be read."""
+
+        gone: set[int] = set()
+        refused: set[int] = set()
+
+        def stat(self, pid):
+            if os.getpid() == parent and pid in self.gone:
+                raise ProcessGone(pid)
+            if os.getpid() == parent and pid in self.refused:
+                raise PermissionError(13, "Permission denied")
+            return super().stat(pid)
+
+    grouped, confirmed = memory.holders_by_minor(devices.globs, Reader(), exclude={first, os.getpid()})
+    assert {minor: [info["pid"] for info in infos] for minor, infos in grouped.items()} == {0: [second], 1: [second], 2: [third]}
+    assert grouped[0][0]["via"] == ["fd"] and grouped[0][0]["comm"]
+    assert confirmed == {second, third, shared_only}, "every holder but the excluded; nothing excluded that held nothing"
+    Reader.gone, Reader.refused = {second}, set()
+    assert sorted(memory.holders_by_minor(devices.globs, Reader(), exclude=set())[0]) == [0, 2]
+    Reader.gone, Reader.refused = set(), {first, second}
+    assert sorted(memory.holders_by_minor(devices.globs, Reader(), exclude=set())[0]) == [2]
+
+
+class ScriptedNvml:
+    """NvmlClient's stand-in: each inventory() is the next reading, or raises it; the clock moves by `seconds` per call."""
+
+    readings: list = []
+    clock: FakeClock | None = None
+    seconds = 0.0
+
+    def __init__(self, _loader, _timeout):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc):
+        return False
+
+    def inventory(self):
+        if self.clock:
+            self.clock.now += self.seconds
+        reading = self.readings.pop(0)
+        if isinstance(reading, Exception):
+            raise reading
+        return reading
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    monkeypatch.setattr(memory, "NvmlClient", ScriptedNvml)
+    ScriptedNvml.clock, ScriptedNvml.seconds = FakeClock(), 0.0
+    return ScriptedNvml
+
+
+def test_a_clean_run_reports_each_gpu_the_attempts_and_the_time_it_took(scripted):
+    scripted.readings, scripted.seconds = [inventory(gpu(0, used=900)), inventory(gpu(0, used=100))], 0.25
+    request = MemoryRequest.from_params(params(timeout=10, interval=1))
+    result = memory.assert_free(request, None, scripted.clock)
+    assert result == {"changed": False, "gpus": memory.gpu_report(memory.assess(inventory(gpu(0, used=100)), [0], Limits(512))), "dirty": [],
+                      "passed": True, "attempts": 2, "elapsed": 1.25, "driver_version": "580.1"}
+
+
+def test_without_a_clock_the_real_one_is_used(scripted):
+    scripted.readings, scripted.clock = [inventory(gpu(0))], None
+    assert memory.assert_free(MemoryRequest.from_params(params()), None)["passed"] is True
+
+
+def test_a_failure_before_the_watch_says_not_passed_and_how_long_it_took(scripted):
+    scripted.readings, scripted.seconds = [inventory(gpu(0))], 0.5
+    with pytest.raises(memory.GpuCountMismatch) as mismatch:
+        memory.assert_free(MemoryRequest.from_params(params(expected_count=2)), None, scripted.clock)
+    assert mismatch.value.context == {"passed": False, "elapsed": 0.5, "gpu_count": 1, "expected_count": 2}
+
+
+def test_a_hung_nvml_says_so_with_its_classification_and_the_time_waited(scripted):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._errors import NvmlHung
+
+    scripted.readings, scripted.seconds = [NvmlHung("nvmlDeviceGetMemoryInfo_v2 did not answer within nvml_timeout=2s", call="x")], 2.0
+    with pytest.raises(NvmlHung) as hung:
+        memory.assert_free(MemoryRequest.from_params(params(nvml_timeout=2)), None, scripted.clock)
+    assert hung.value.msg == "nvmlDeviceGetMemoryInfo_v2 did not answer within nvml_timeout=2s: classification nvml_hung"
+    assert hung.value.context == {"classification": "nvml_hung", "passed": False, "elapsed": 2.0, "call": "x"}
