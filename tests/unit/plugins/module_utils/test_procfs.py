@@ -68,7 +68,7 @@ def test_stat_fields_are_read_at_their_positions():
 
 
 @pytest.mark.parametrize(("pid", "ppid", "flags", "kernel"), [
-    (500, 1, procfs.PF_KTHREAD, True), (500, 1, procfs.PF_KTHREAD | 0x40, True), (500, 1, 0x40, False),
+    (500, 1, procfs.PF_KTHREAD, True), (500, 1, procfs.PF_KTHREAD | 0x40, True), (500, 1, 0x40, False), (500, 1, 0x1, False),
     (2, 0, 0, True), (500, 2, 0, True), (500, 3, 0, False), (2, 0, 0x40, False), (500, 2, 0x40, False),
 ])
 def test_a_kernel_thread_is_known_by_its_flag_or_without_flags_by_kthreadd(pid, ppid, flags, kernel):
@@ -86,6 +86,7 @@ def test_the_cgroup_is_systemds_named_hierarchy_where_there_is_one_else_the_unif
     assert procfs.parse_cgroup_path(hybrid) == "/system.slice/sglang.service/worker"
     assert procfs.parse_cgroup_path("12:cpu:/other\nbroken line\n") is None
     assert procfs.parse_cgroup_path("0::\n") is None
+    assert procfs.parse_cgroup_path("0::/system.slice/job:nightly.service\n") == "/system.slice/job:nightly.service", "a colon in the path"
     assert procfs.parse_cgroup_unit(hybrid) == "sglang.service", "the innermost unit, below it a plain group"
     assert procfs.parse_cgroup_unit("0::/user.slice/user-0.slice/session-4.scope/run-r1.scope/x\n") == "run-r1.scope"
     assert procfs.parse_cgroup_unit("0::/user.slice/foo.slice\n") is None
@@ -122,6 +123,7 @@ def test_a_real_process_is_read_whole(sleeper):
     assert reader.thread_count(sleeper.pid) == 1
     assert reader.is_process(sleeper.pid) and reader.thread_group_alive(sleeper.pid, stat.start_time)
     assert not reader.thread_group_alive(sleeper.pid, stat.start_time + 1), "another process under the same pid"
+    assert not reader.thread_group_alive(sleeper.pid, stat.start_time - 1), "the pid reused by a later process than the one recorded"
     assert [entry.pid for entry in reader.ancestors(sleeper.pid)][:1] == [os.getpid()]
     assert sleeper.pid in reader.descendants(os.getpid())
 
@@ -168,7 +170,8 @@ def test_a_zombie_leader_is_alive_while_another_thread_lives(fake):
     fake.add(62, 1, state="X", start=7, threads=1)
     fake.add(63, 1, state="D", start=7, threads=1)
     fake.add(64, 1, state="t", start=7, threads=1)
-    assert [reader.thread_group_alive(pid, 7) for pid in (60, 61, 62, 63, 64)] == [True, False, False, True, True]
+    fake.add(65, 1, state="Z", start=7, threads=0)  # its task directory already empty
+    assert [reader.thread_group_alive(pid, 7) for pid in (60, 61, 62, 63, 64, 65)] == [True, False, False, True, True, False]
 
 
 def test_a_cmdline_is_split_at_its_nuls_and_empty_for_a_kernel_thread(fake):
@@ -286,3 +289,42 @@ def test_a_survivors_details_say_its_wait_channel_pending_signals_and_threads(fa
     fake.add(96, 1, status="Name:\tx\n")
     assert procfs.survivor_details(ProcReader(str(fake.root)), 96) == {"wchan": None, "signals_pending": [], "threads": 0}
     assert procfs.survivor_details(ProcReader(str(fake.root)), 4242) == {"wchan": None}
+
+
+def test_a_thread_list_the_kernel_refuses_counts_the_process_itself(fake, monkeypatch):
+    fake.add(98, 1, threads=3)
+    real_listdir = os.listdir
+
+    def refuse(path):
+        if str(path).endswith("/98/task"):
+            raise PermissionError(13, "Permission denied")
+        return real_listdir(path)
+
+    reader = ProcReader(str(fake.root))
+    assert reader.thread_count(98) == 3
+    monkeypatch.setattr(procfs.os, "listdir", refuse)
+    assert reader.thread_count(98) == 1
+
+
+def test_a_process_is_one_whose_tgid_is_its_own_pid_by_number_not_by_spelling(fake):
+    fake.add(1001, 999, status="Tgid:\t999\n")  # a thread of 999: "999" sorts after "1001"
+    fake.add(999, 1, status="Tgid:\t999\n")
+    reader = ProcReader(str(fake.root))
+    assert not reader.is_process(1001) and reader.is_process(999)
+
+
+def test_a_process_whose_status_the_kernel_refuses_is_described_without_owner(fake, monkeypatch):
+    fake.add(97, 1, cmdline="x\0", status="Uid:\t5\t5\t5\t5\n")
+
+    def refuse(self, pid):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ProcReader, "status", refuse)
+    info = procfs.describe(ProcReader(str(fake.root)), 97)
+    assert (info["uid"], info["user"], info["namespace_pid"], info["cmdline"]) == (None, None, None, ["x"])
+
+
+def test_a_signal_pending_for_the_thread_and_the_process_is_named_once_and_threads_unsaid_are_none(fake):
+    fake.add(94, 1, status="SigPnd:\t0000000000000100\nShdPnd:\t0000000000004100\nThreads:\t\n")
+    details = procfs.survivor_details(ProcReader(str(fake.root)), 94)
+    assert details["signals_pending"] == ["SIGKILL", "SIGTERM"] and details["threads"] == 0
