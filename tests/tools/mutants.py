@@ -226,11 +226,11 @@ def baseline(tree: Path, tests: list[str]) -> float:
     return time.monotonic() - started
 
 
-def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[str, int]] | None = None) -> dict:
+def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[str, int]] | None = None, work: Path = WORK) -> dict:
     """Every mutant of one file (or ``only`` those (operator, occurrence)), `workers` at a time, each worker its own
-    tree; its ledger entry."""
+    tree under `work`; its ledger entry."""
     tests = SCOPE[name]
-    trees = [copy_tree(WORK / f"worker-{index}") for index in range(workers)]
+    trees = [copy_tree(work / f"worker-{index}") for index in range(workers)]
     unmutated = baseline(trees[0], tests)
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
     spans = annotation_spans(REPO / name)
@@ -331,6 +331,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="files of the scope (default: those due)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=WORK,
+                        help=f"where the workers' trees go (default {WORK.relative_to(REPO)}; another one for a second run beside the first)")
     parser.add_argument("--limit", type=int, help="only the first N mutants of each file (a try; not written to the ledger)")
     parser.add_argument("--stale", action="store_true", help="list the files due again and exit")
     parser.add_argument("--table", action="store_true", help="print the ledger as a Markdown table and exit")
@@ -364,11 +366,11 @@ def main(argv: list[str]) -> int:
                     if (name, survivor["operator"], survivor["occurrence"]) in reasons]
             only = {(survivor["operator"], survivor["occurrence"]) for survivor in previous["survivors"]} - {
                 (survivor["operator"], survivor["occurrence"]) for survivor in kept}
-            rerun = run_file(name, args.workers, None, lambda line: print(line, flush=True), only) if only else None
+            rerun = run_file(name, args.workers, None, lambda line: print(line, flush=True), only, args.work) if only else None
             entry = rechecked(name, previous, rerun or {"survived": 0, "seconds": 0, "date": time.strftime("%Y-%m-%d"), "killed": 0,
                                                         "timed_out": 0, "survivors": []}, kept)
         else:
-            entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True))
+            entry = run_file(name, args.workers, args.limit, lambda line: print(line, flush=True), work=args.work)
         print(f"{name}: {entry['mutants']} mutants, {entry['killed']} killed, {entry['timed_out']} timed out, {entry['survived']} survived "
               f"({entry['accounted']} accounted for), score {entry['score']}, {entry['seconds']} s", flush=True)
         if args.limit is None:

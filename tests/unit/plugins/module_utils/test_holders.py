@@ -49,6 +49,7 @@ def test_a_character_device_is_keyed_by_its_device_number_and_shared_minors_belo
     assert node_null.fd_key == ("rdev", null.st_rdev) and node_null.gpu_minor == os.minor(null.st_rdev)
     assert node_null.map_key == (null.st_dev, null.st_ino)
     assert device_nodes(["/dev/full"])[0].gpu_minor is None, "another major is no GPU"
+    assert device_nodes(["/dev/null"], gpu_major=os.major(null.st_rdev) - 1)[0].gpu_minor is None, "nor a greater one"
     assert holders.fd_key_of(full) == ("rdev", full.st_rdev)
     regular = os.stat(__file__)
     assert holders.fd_key_of(regular) == ("inode", regular.st_dev, regular.st_ino)
@@ -257,3 +258,10 @@ def test_a_stale_nvml_pid_says_why(processes):
     while reader.stat(zombie.pid).state != "Z":
         time.sleep(0.01)
     assert holders._stale_reason(zombie.pid, reader) == "exited (a zombie its parent has not reaped)"
+
+
+def test_a_dangling_link_among_the_device_files_is_passed_over(devices):
+    (devices.root / "nvidia-0broken").symlink_to(devices.root / "gone")  # sorts before nvidia0
+    nodes = device_nodes(devices.globs)
+    assert sorted(node.path for node in nodes) == sorted([devices.gpu(m) for m in range(4)] + [devices.ctl, devices.uvm,
+                                                                                                  str(devices.root / "nvidia-caps/nvidia-cap1")])
