@@ -262,6 +262,5 @@ def test_a_stale_nvml_pid_says_why(processes):
 
 def test_a_dangling_link_among_the_device_files_is_passed_over(devices):
     (devices.root / "nvidia-0broken").symlink_to(devices.root / "gone")  # sorts before nvidia0
-    nodes = device_nodes(devices.globs)
-    assert sorted(node.path for node in nodes) == sorted([devices.gpu(m) for m in range(4)] + [devices.ctl, devices.uvm,
-                                                                                                  str(devices.root / "nvidia-caps/nvidia-cap1")])
+    expected = [devices.gpu(m) for m in range(4)] + [devices.ctl, devices.uvm, str(devices.root / "nvidia-caps/nvidia-cap1")]
+    assert sorted(node.path for node in device_nodes(devices.globs)) == sorted(expected)
