@@ -68,8 +68,9 @@ def test_maps_lines_give_the_device_and_inode_of_file_backed_mappings():
     text = ("7f00-7f01 rw-s 00000000 00:2a 123456 /dev/nvidia0\n"
             "7f01-7f02 r--p 00000000 fd:01 77 /usr/lib/libc.so\n"
             "7f02-7f03 rw-p 00000000 00:00 0 \n"
-            "7f03-7f04 rw-p 00000000 00:00\n")
-    assert holders.parse_maps_identities(text) == {(os.makedev(0, 0x2a), 123456), (os.makedev(0xfd, 1), 77)}
+            "7f03-7f04 rw-p 00000000 00:00\n"
+            "7f04-7f05 rw-s 00000000 00:2b 555\n")  # a file's mapping whose path is not shown is still that file's
+    assert holders.parse_maps_identities(text) == {(os.makedev(0, 0x2a), 123456), (os.makedev(0xfd, 1), 77), (os.makedev(0, 0x2b), 555)}
 
 
 def test_the_scan_finds_holders_by_fd_by_mmap_and_both_and_nothing_else(devices, processes):
@@ -264,3 +265,18 @@ def test_a_dangling_link_among_the_device_files_is_passed_over(devices):
     (devices.root / "nvidia-0broken").symlink_to(devices.root / "gone")  # sorts before nvidia0
     expected = [devices.gpu(m) for m in range(4)] + [devices.ctl, devices.uvm, str(devices.root / "nvidia-caps/nvidia-cap1")]
     assert sorted(node.path for node in device_nodes(devices.globs)) == sorted(expected)
+
+
+def test_a_holder_in_d_state_is_found_by_its_files_and_its_maps_are_not_read(devices, processes, tmp_path):
+    """Reading maps takes the memory map's lock, which a task in D state may hold: skipped, and counted as skipped."""
+    fifo = tmp_path / "never-written"
+    os.mkfifo(fifo)
+    _helper, (pid,) = processes.holder("--open", devices.gpu(2), "--vfork-blocked", str(fifo))
+    reader = ProcReader()
+    deadline = time.monotonic() + 10
+    while reader.stat(pid).state != "D" or not reader.descendants(pid):
+        assert time.monotonic() < deadline, "the helper never reached vfork's D state"
+        time.sleep(0.02)
+    processes.extra_pids += sorted(reader.descendants(pid))
+    scan = scanner_of(devices).scan([pid])
+    assert scan.holdings[pid].via == {"fd"} and scan.unreadable == holders.Counter({"maps_skipped_uninterruptible": 1})
