@@ -46,6 +46,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 LEDGER = REPO / "tests" / "mutation" / "ledger.json"
 ACCOUNTED = REPO / "tests" / "mutation" / "accounted.yml"
+# a file's pass cut short (Ctrl-C, the end of a sitting): its results so far, at its hash; the next run goes on from them
+IN_PROGRESS = REPO / "tests" / "mutation" / "in_progress.json"
+SAVE_EVERY = 5  # mutants between two saves of a pass in progress
 WORK = REPO / "build" / "mutants"
 MODULE_UTILS = "plugins/module_utils"
 
@@ -226,10 +229,38 @@ def baseline(tree: Path, tests: list[str]) -> float:
     return time.monotonic() - started
 
 
+def read_progress(path: Path = IN_PROGRESS) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_progress(name: str, progress: dict | None, path: Path = IN_PROGRESS) -> None:
+    """Keep (or, with None, drop) a file's pass in progress."""
+    every = read_progress(path)
+    if progress is None:
+        every.pop(name, None)
+    else:
+        every[name] = progress
+    if every:
+        path.write_text(json.dumps(dict(sorted(every.items())), indent=1) + "\n")
+    else:
+        path.unlink(missing_ok=True)
+
+
+def resumable(name: str, progress: dict, digest: str) -> list[dict]:
+    """The results a pass cut short left for this file, if they were made of its contents as they are now."""
+    earlier = progress.get(name) or {}
+    return list(earlier.get("results", [])) if earlier.get("sha256") == digest else []
+
+
 def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[str, int]] | None = None, work: Path = WORK) -> dict:
     """Every mutant of one file (or ``only`` those (operator, occurrence)), `workers` at a time, each worker its own
-    tree under `work`; its ledger entry."""
+    tree under `work`; its ledger entry. A whole pass saves its results as it goes (tests/mutation/in_progress.json)
+    and, run again after it was cut short, goes on from them."""
     tests = SCOPE[name]
+    whole_pass = only is None and limit is None
+    digest = file_hash(REPO / name)
+    done = resumable(name, read_progress(), digest) if whole_pass else []
+    earlier = (read_progress().get(name) or {}) if done else {}
     trees = [copy_tree(work / f"worker-{index}") for index in range(workers)]
     unmutated = baseline(trees[0], tests)
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)
@@ -237,12 +268,22 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
     every = mutations(trees[0], name)
     runnable = [item for item in every if not in_annotation(item, spans)]
     annotations = len(every) - len(runnable)
-    items = [item for item in runnable if only is None or (item["operator_name"], item["occurrence"]) in only][:limit]
-    log(f"{name}: {len(items)} mutants ({annotations} more in annotations, never evaluated: not run), the unmutated tests "
+    finished = {(result["operator"], result["occurrence"]) for result in done}
+    items = [item for item in runnable if (only is None or (item["operator_name"], item["occurrence"]) in only)
+             and (item["operator_name"], item["occurrence"]) not in finished][:limit]
+    log(f"{name}: {len(items)} mutants ({annotations} more in annotations, never evaluated: not run"
+        + (f"; {len(done)} done in a pass cut short before" if done else "") + f"), the unmutated tests "
         f"{unmutated:.1f} s (bound {bound:.0f} s), {workers} workers")
     free = list(trees)
-    results = []
-    started = time.monotonic()
+    results = list(done)
+    started = time.monotonic() - earlier.get("seconds", 0)
+
+    def save() -> None:
+        if whole_pass:
+            save_progress(name, {"sha256": digest, "mutants": len(runnable), "seconds": round(time.monotonic() - started),
+                                 "unmutated_tests_s": round(unmutated, 1), "results": results})
+            PAGE.write_text(PAGE_HEAD + table(read_ledger()))
+
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         def job(item: dict) -> dict:
             tree = free.pop()
@@ -250,12 +291,21 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
                 return run_one(tree, name, item, tests, bound)
             finally:
                 free.append(tree)
-        for index, outcome in enumerate(pool.map(job, items), 1):
-            results.append(outcome)
-            if outcome["outcome"] not in ("killed", "timed_out"):
-                log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
-                    f" ({outcome['change']})")
-    return dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
+        try:
+            for index, outcome in enumerate(pool.map(job, items), 1):
+                results.append(outcome)
+                if outcome["outcome"] not in ("killed", "timed_out"):
+                    log(f"  {index}/{len(items)} line {outcome['line']} {outcome['operator']} #{outcome['occurrence']}: {outcome['outcome']}"
+                        f" ({outcome['change']})")
+                if index % SAVE_EVERY == 0:
+                    save()
+        except BaseException:
+            save()  # Ctrl-C or a stop: the next run goes on from here
+            raise
+    entry = dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
+    if whole_pass:
+        save_progress(name, None)
+    return entry
 
 
 def rechecked(name: str, entry: dict, rerun: dict, kept: list[dict] = ()) -> dict:
@@ -297,9 +347,10 @@ equivalent or not worth a test. Score: mutants detected (killed, or their tests 
 assessed (all, less those that do not compile and those accounted for). Mutants inside annotations that are never
 evaluated (`from __future__ import annotations`) are not run.
 
-This page is written by `tests/tools/mutants.py` with the ledger, each time a file's run ends (a test holds the
-page to the ledger). "at" is the day of the file's run; `python tests/tools/mutants.py --stale` names the files
-changed since, due again.
+This page is written by `tests/tools/mutants.py` with the ledger, each time a file's run ends, and as a pass cut
+short is kept (`tests/mutation/in_progress.json`, "in progress": the next run goes on from it); a test holds the page
+to the ledger. "at" is the day of the file's run; `python tests/tools/mutants.py --stale` names the files changed
+since, due again.
 
 """
 
@@ -311,13 +362,21 @@ def write_ledger(ledger: dict) -> None:
     PAGE.write_text(PAGE_HEAD + table(ledger))
 
 
-def table(ledger: dict) -> str:
-    """The ledger as docs/results/mutation.md shows it: a row per file of the scope (which are due again: --stale)."""
+def table(ledger: dict, progress: dict | None = None) -> str:
+    """The ledger as docs/results/mutation.md shows it: a row per file of the scope (which are due again: --stale), a
+    pass in progress (tests/mutation/in_progress.json) where one was cut short."""
+    progress = read_progress() if progress is None else progress
     rows = ["| file | mutants | killed | timed out | survived (accounted) | score | minutes (workers, on 2 cores) | its tests, unmutated | at |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name in SCOPE:
         entry = ledger.get(name)
         short = name.removeprefix(f"{MODULE_UTILS}/")
+        going = progress.get(name)
+        if going and (entry is None or entry["sha256"] != going["sha256"]):
+            counts = {outcome: sum(1 for result in going["results"] if result["outcome"] == outcome) for outcome in ("killed", "timed_out", "survived")}
+            rows.append(f"| `{short}` | {going['mutants']} | {counts['killed']} | {counts['timed_out']} | {counts['survived']} | - | "
+                        f"{going['seconds'] / 60:.1f} | {going['unmutated_tests_s']} s | in progress: {len(going['results'])} of {going['mutants']} |")
+            continue
         if entry is None:
             rows.append(f"| `{short}` | - | - | - | - | - | - | - | not yet run |")
             continue

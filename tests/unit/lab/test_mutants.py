@@ -157,3 +157,23 @@ def test_a_mutants_host_locks_are_its_own(sandbox_available):
     done = sandboxed(f"{mutants.PRIVATE_LOCKS} && touch {probe} && test -e {probe} && echo inside")
     assert "inside" in done.stdout, done.stdout + done.stderr
     assert not os.path.exists(probe), "the probe reached the machine's /run/lock"
+
+
+def test_a_pass_cut_short_goes_on_only_from_results_made_of_the_files_contents_as_they_are(tmp_path):
+    progress = tmp_path / "in_progress.json"
+    results = [{"operator": "core/AddNot", "occurrence": 0, "line": 3, "outcome": "killed", "change": "x", "seconds": 1.0}]
+    mutants.save_progress("a.py", {"sha256": "abc", "mutants": 9, "seconds": 60, "unmutated_tests_s": 2.0, "results": results}, progress)
+    assert mutants.resumable("a.py", mutants.read_progress(progress), "abc") == results
+    assert mutants.resumable("a.py", mutants.read_progress(progress), "changed") == [], "made of other contents: run again"
+    assert mutants.resumable("b.py", mutants.read_progress(progress), "abc") == []
+    mutants.save_progress("a.py", None, progress)
+    assert not progress.exists()
+
+
+def test_the_page_shows_a_pass_in_progress():
+    name = next(iter(mutants.SCOPE))
+    going = {"sha256": "abc", "mutants": 9, "seconds": 120, "unmutated_tests_s": 2.0,
+             "results": [{"operator": "o", "occurrence": n, "line": 1, "outcome": outcome, "change": None, "seconds": 1.0}
+                         for n, outcome in enumerate(["killed", "killed", "survived", "timed_out"])]}
+    row = next(line for line in mutants.table({}, {name: going}).splitlines() if name.removeprefix("plugins/module_utils/") in line)
+    assert row.endswith("| 9 | 2 | 1 | 1 | - | 2.0 | 2.0 s | in progress: 4 of 9 |")
