@@ -280,3 +280,31 @@ def test_a_holder_in_d_state_is_found_by_its_files_and_its_maps_are_not_read(dev
     processes.extra_pids += sorted(reader.descendants(pid))
     scan = scanner_of(devices).scan([pid])
     assert scan.holdings[pid].via == {"fd"} and scan.unreadable == holders.Counter({"maps_skipped_uninterruptible": 1})
+
+
+def fake_process(root, pid: int, stat: str, threads: dict[int, list[str]] | None = None):
+    """A /proc entry of files: its stat line and, per thread id, the files its fd directory links to."""
+    directory = root / str(pid)
+    (directory / "task").mkdir(parents=True)
+    (directory / "stat").write_text(stat)
+    for tid, targets in (threads or {}).items():
+        fds = directory / "task" / str(tid) / "fd"
+        fds.mkdir(parents=True)
+        for number, target in enumerate(targets, 3):
+            (fds / str(number)).symlink_to(target)
+        (directory / "task" / str(tid) / "maps").write_text("")
+
+
+@pytest.mark.parametrize("stat", ["1 (x)\n", "abc (x) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 0 0 0 0 100 0\n"], ids=["fields missing", "not a number"])
+def test_a_stat_line_that_cannot_be_parsed_is_counted_unparsable(devices, tmp_path, stat):
+    fake_process(tmp_path / "proc", 321, stat)
+    scan = HolderScanner(device_nodes(devices.globs), ProcReader(str(tmp_path / "proc"))).scan([321])
+    assert scan.holdings == {} and scan.unreadable == holders.Counter({"unparsable": 1})
+
+
+def test_a_zombie_leaders_files_are_read_through_another_thread_whatever_its_number(devices, tmp_path):
+    """Thread ids are compared as ids, not by how they sort: 1000 is another thread of leader 999."""
+    stat = "999 (engine) Z 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 2 0 100 0 0\n"
+    fake_process(tmp_path / "proc", 999, stat, {999: [], 1000: [devices.gpu(1)]})
+    scan = HolderScanner(device_nodes(devices.globs), ProcReader(str(tmp_path / "proc"))).scan([999])
+    assert scan.holdings[999].devices == {devices.gpu(1)} and scan.unreadable == holders.Counter()
