@@ -301,6 +301,7 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
                     save()
         except BaseException:
             save()  # Ctrl-C or a stop: the next run goes on from here
+            pool.shutdown(wait=False, cancel_futures=True)  # the mutants not begun are not run; those running end at their bound
             raise
     entry = dict(ledger_entry(name, results, time.monotonic() - started, unmutated, annotations), workers=workers)
     if whole_pass:
