@@ -259,8 +259,9 @@ def run_file(name: str, workers: int, limit: int | None, log, only: set[tuple[st
     tests = SCOPE[name]
     whole_pass = only is None and limit is None
     digest = file_hash(REPO / name)
-    done = resumable(name, read_progress(), digest) if whole_pass else []
-    earlier = (read_progress().get(name) or {}) if done else {}
+    progress = read_progress()
+    done = resumable(name, progress, digest) if whole_pass else []
+    earlier = progress.get(name, {}) if done else {}
     trees = [copy_tree(work / f"worker-{index}") for index in range(workers)]
     unmutated = baseline(trees[0], tests)
     bound = max(MIN_BOUND, BOUND_FACTOR * unmutated)

@@ -283,5 +283,6 @@ def test_a_wait_on_pidfds_sleeps_in_one_poll_to_its_deadline_not_a_busy_loop(pro
     signaller = Signaller(use_pidfd=True)
     _result, handle = signaller.open(identity(procs()))
     assert signaller.wait([handle], Deadline(0.3)) == [handle]
-    assert 1 <= len(timeouts) <= 3 and 250 <= timeouts[0] <= 300, timeouts
+    # most of the 300 ms left (a busy machine may take a while to reach the poll), never a millisecond at a time
+    assert 1 <= len(timeouts) <= 3 and 100 <= timeouts[0] <= 300, timeouts
     signaller.close([handle])
